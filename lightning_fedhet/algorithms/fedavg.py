@@ -1,0 +1,108 @@
+"""FedAvg (McMahan et al. 2017; thesis Algorithm 1, eq. 1.2-1.3) with the weightings used in the papers.
+
+The server update is ``w_{t+1} = w_t + server_lr * sum_{i in R_t} q_i * delta_i`` where ``R_t`` is the
+set of clients whose update arrived and ``delta_i = w_i^{(t,K)} - w_t``. The weights ``q_i``:
+
+============== ============================================== ==========================================
+weighting      q_i                                            source
+============== ============================================== ==========================================
+participating  ``alpha_i / sum_{j in R_t} alpha_j``           "average participating" (FedAU paper)
+all            ``alpha_i`` (``1/N`` for uniform alpha)        "average all"; thesis Alg. 1 line 8 with
+                                                              ``alpha_i = |D_i|/|D|``
+samples        ``n_i / sum_{j in R_t} n_j``                   McMahan et al. 2017, per-sample fairness
+known_p        ``alpha_i / p_i``                              "unbiased FedAvg" (thesis eq. 2.4, FedAU,
+                                                              FedStale papers), ``p_i`` = true
+                                                              participation probability
+============== ============================================== ==========================================
+
+``alpha`` are the client weights given to :meth:`setup` (uniform ``1/N`` by default), ``n_i`` the
+client's sample count from :class:`ClientInfo`. A round in which nobody arrives leaves ``w`` unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+
+WEIGHTINGS = ("participating", "all", "samples", "known_p")
+
+
+class FedAvg(Algorithm):
+    """Federated averaging of client deltas.
+
+    Args:
+        weighting: one of ``"participating"``, ``"all"``, ``"samples"``, ``"known_p"`` (see module doc).
+        server_lr: server step size ``eta_s > 0`` multiplying the averaged delta (1.0 = plain FedAvg).
+
+    Example::
+
+        >>> import torch
+        >>> algo = FedAvg(weighting="participating")
+        >>> algo.setup(num_clients=2, init_params=torch.zeros(1))
+        >>> algo.open_round(0, None)
+        >>> algo.add(0, torch.tensor([1.0]), ClientInfo(num_samples=1, local_steps=1))
+        >>> algo.add(1, torch.tensor([3.0]), ClientInfo(num_samples=1, local_steps=1))
+        >>> algo.close_round()
+        tensor([2.])
+    """
+
+    def __init__(self, weighting: str = "participating", server_lr: float = 1.0) -> None:
+        super().__init__()
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        if not server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        self.weighting = weighting
+        self.server_lr = float(server_lr)
+        self._sum: Tensor | None = None
+        self._raw: dict[int, float] = {}
+
+    def hparams(self) -> dict:
+        return {"weighting": self.weighting, "server_lr": self.server_lr}
+
+    def open_round(self, round: int, ctx: RoundContext | None) -> None:
+        super().open_round(round, ctx)
+        if self.weighting == "known_p":
+            probs = None if ctx is None else ctx.participation_probs
+            if probs is None:
+                raise ValueError("weighting='known_p' needs RoundContext.participation_probs (the true p_i)")
+            probs = torch.as_tensor(probs, dtype=torch.float64)
+            if probs.numel() != self.num_clients:
+                raise ValueError(f"participation_probs must have num_clients={self.num_clients} entries")
+            if not torch.isfinite(probs).all() or (probs <= 0).any() or (probs > 1).any():
+                raise ValueError("weighting='known_p' needs participation_probs in (0, 1] (> 0) for every client")
+        self._sum = torch.zeros_like(self.params)
+        self._raw = {}
+
+    def _raw_weight(self, client: int, info: ClientInfo) -> float:
+        if self.weighting == "samples":
+            return float(info.num_samples)
+        alpha = float(self.client_weights[client])
+        if self.weighting == "known_p":
+            return alpha / float(self.ctx.participation_probs[client])
+        return alpha
+
+    def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
+        if self._sum is None:
+            raise RuntimeError("add() called without open_round()")
+        self._check_client(client, delta)
+        if client in self._raw:
+            raise ValueError(f"client {client} already added in this round")
+        raw = self._raw_weight(client, info)
+        self._raw[client] = raw
+        self._sum.add_(delta.to(self._sum), alpha=raw)
+
+    def close_round(self) -> Tensor:
+        if self._sum is None:
+            raise RuntimeError("close_round() called without open_round()")
+        scale = 1.0
+        if self.weighting in ("participating", "samples"):
+            total = sum(self._raw.values())
+            scale = 1.0 / total if total > 0 else 0.0
+        self.last_weights = {c: r * scale for c, r in self._raw.items()}
+        if self._raw:
+            self.params = self.params + (self.server_lr * scale) * self._sum
+        self._sum = None
+        return self.params

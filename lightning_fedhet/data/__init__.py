@@ -1,0 +1,18 @@
+"""Federated data: partitioners, the FederatedDataModule and offline-capable dataset loaders."""
+
+from lightning_fedhet.data.datamodule import FederatedDataModule, dataset_labels, split_dataset
+from lightning_fedhet.data.datasets import fashion_mnist, synthetic_leaf, to_tensor_dataset, torchvision_dataset
+from lightning_fedhet.data.partition import IID, Dirichlet, Partitioner
+
+__all__ = [
+    "FederatedDataModule",
+    "Partitioner",
+    "IID",
+    "Dirichlet",
+    "dataset_labels",
+    "split_dataset",
+    "fashion_mnist",
+    "synthetic_leaf",
+    "torchvision_dataset",
+    "to_tensor_dataset",
+]

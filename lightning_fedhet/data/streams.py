@@ -1,0 +1,93 @@
+"""Per-client mini-batch streams, a pure function of ``(seed, round, client)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+from lightning_fedhet.seeding import Stream, generator
+
+
+class ClientStreams:
+    """Which samples each client's local steps use.
+
+    In round ``t`` client ``i`` walks through a fresh random permutation of its indices (seeded by
+    ``(seed, t, i)``), drawing a new permutation whenever one is used up, and takes consecutive
+    mini-batches of ``min(batch_size, |D_i|)`` samples. Nothing carries over between rounds, so any
+    round can be replayed and a resumed run sees the same batches.
+
+    Args:
+        dataset: the pooled training dataset.
+        client_indices: per-client index arrays into ``dataset``.
+        batch_size: local mini-batch size ``B``.
+        seed: data-order seed.
+        collate_fn: how a list of samples becomes a batch (the user's DataLoader's).
+        num_workers, pin_memory: passed to the DataLoader used when batches cannot be sliced directly.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        client_indices: Sequence[np.ndarray],
+        batch_size: int,
+        seed: int = 0,
+        collate_fn: Callable | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self.client_indices = [np.asarray(c, dtype=np.int64) for c in client_indices]
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.collate_fn = collate_fn or default_collate
+        self.num_workers = int(num_workers)
+        self.pin_memory = bool(pin_memory)
+        # Slicing a TensorDataset gives exactly what default_collate would, without per-sample work.
+        self._sliceable = (
+            isinstance(dataset, TensorDataset) and self.collate_fn is default_collate and self.num_workers == 0
+        )
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([len(c) for c in self.client_indices], dtype=np.int64)
+
+    def batch_indices(self, round: int, client: int, num_steps: int) -> list[np.ndarray]:
+        """Dataset indices of client ``client``'s ``num_steps`` mini-batches in round ``round``."""
+        own = self.client_indices[client]
+        if own.size == 0:
+            raise ValueError(f"client {client} holds no samples")
+        size = min(self.batch_size, own.size)
+        needed = size * num_steps
+        rng = generator(self.seed, Stream.DATA, round, client)
+        order = [rng.permutation(own) for _ in range(-(-needed // own.size))]
+        flat = np.concatenate(order)[:needed]
+        return list(flat.reshape(num_steps, size))
+
+    def iterate(self, schedule: Sequence[np.ndarray]) -> Iterator:
+        """Yield the batches for a list of index arrays, in order."""
+        if self._sliceable:
+            tensors = self.dataset.tensors
+            for idx in schedule:
+                index = torch.from_numpy(idx)
+                yield [t[index] for t in tensors]
+            return
+        if not schedule:
+            return
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=[idx.tolist() for idx in schedule],
+            collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
+        yield from loader

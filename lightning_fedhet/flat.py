@@ -1,0 +1,37 @@
+"""Flat-vector view of a module's state, the representation algorithms work on (DESIGN.md §2.3)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class FlatModel:
+    """Reads and writes a module's parameters and floating-point buffers as one vector ``[d]``.
+
+    Parameters come first (in ``named_parameters`` order), then floating buffers such as BatchNorm
+    running statistics, so they are aggregated like parameters. Integer buffers
+    (``num_batches_tracked``) are not part of the vector.
+
+    Writing always copies, so the vector and the module never share storage.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.tensors: list[Tensor] = [p for p in module.parameters()]
+        self.tensors += [b for b in module.buffers() if torch.is_floating_point(b)]
+        self.numels = [t.numel() for t in self.tensors]
+        self.dim = sum(self.numels)
+        self.num_parameters = sum(p.numel() for p in module.parameters())
+
+    def get(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """A new flat copy of the module's current state, shape ``[d]``."""
+        with torch.no_grad():
+            return torch.cat([t.detach().reshape(-1).to(dtype) for t in self.tensors])
+
+    def set(self, vector: Tensor) -> None:
+        """Copy ``vector`` (shape ``[d]``) into the module, in place."""
+        if vector.numel() != self.dim:
+            raise ValueError(f"vector has {vector.numel()} entries, the model has {self.dim}")
+        with torch.no_grad():
+            for t, chunk in zip(self.tensors, torch.split(vector, self.numels)):
+                t.copy_(chunk.view_as(t))

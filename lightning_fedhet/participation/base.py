@@ -1,0 +1,64 @@
+"""The availability-process protocol (DESIGN.md §2.4, §4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_fedhet.seeding import Stream, generator
+
+
+class Participation:
+    """Which clients are available in round ``t``; not controllable by the server.
+
+    Subclasses implement :meth:`_sample` (numpy, vectorised over clients) and :meth:`_stationary`.
+    ``sample(t)`` must be a pure function of ``(seed, t)`` so rounds can be drawn in any order and a
+    resumed run sees the same masks.
+
+    Usage::
+
+        proc = Full()
+        proc.setup(num_clients=100, seed=0)
+        mask = proc.sample(0)     # torch.bool [100]
+        proc.p                    # torch.float64 [100], stationary participation probabilities
+    """
+
+    def __init__(self) -> None:
+        self.num_clients: int = 0
+        self.seed: int = 0
+
+    def setup(self, num_clients: int, seed: int = 0) -> None:
+        if int(num_clients) < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        self.num_clients = int(num_clients)
+        self.seed = int(seed)
+
+    def _check_setup(self) -> None:
+        if self.num_clients < 1:
+            raise RuntimeError(f"{type(self).__name__}.setup(num_clients, seed) must be called first")
+
+    def rng(self, round: int) -> np.random.Generator:
+        return generator(self.seed, Stream.PARTICIPATION, round)
+
+    def sample(self, round: int) -> Tensor:
+        """Availability mask of round ``round`` (0-based): ``torch.bool`` of shape ``[N]``."""
+        self._check_setup()
+        if int(round) < 0:
+            raise ValueError(f"round must be >= 0, got {round}")
+        return torch.from_numpy(np.ascontiguousarray(self._sample(int(round)), dtype=bool))
+
+    @property
+    def p(self) -> Tensor:
+        """Stationary participation probability of each client, ``torch.float64`` of shape ``[N]``."""
+        self._check_setup()
+        return torch.as_tensor(self._stationary(), dtype=torch.float64)
+
+    def _sample(self, round: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _stationary(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,22 @@
+"""System heterogeneity (DESIGN.md §2.4): lossy links, local-step counts, latency and simulated time."""
+
+from lightning_fedhet.system.channel import LossyChannel
+from lightning_fedhet.system.latency import ShiftedExponential, VirtualClock
+from lightning_fedhet.system.steps import (
+    StepDistribution,
+    TwoGroupSteps,
+    UniformSteps,
+    check_local_steps,
+    local_steps_for,
+)
+
+__all__ = [
+    "LossyChannel",
+    "StepDistribution",
+    "UniformSteps",
+    "TwoGroupSteps",
+    "local_steps_for",
+    "check_local_steps",
+    "ShiftedExponential",
+    "VirtualClock",
+]
