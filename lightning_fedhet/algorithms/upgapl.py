@@ -1,0 +1,278 @@
+"""Aggregation over lossy links (thesis ch. 4, Rodio et al. WPMC 2023; spec
+``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §1.2-1.7, §5.1).
+
+Client ``i``'s round trip (downlink of ``w_t`` and uplink of its result) succeeds with probability ``1 - q_i``,
+independently across clients and rounds (Assumption 14); ``S_t`` is the set whose update arrived. With
+``alpha`` the client weights of :meth:`setup` (the thesis' experiments use ``alpha_i = |D_i|/|D|``) and
+``w_i = w_t + delta_i`` the local model:
+
+========= ======================================================================= ===========================
+rule      new global model                                                         thesis
+========= ======================================================================= ===========================
+UPGAPL    ``w_t + server_lr * sum_{i in S_t} alpha_i/(1-q_i) * delta_i``          Eq. 4.5, Algorithm 5
+DMAPL     ``sum_{i in S_t} alpha_i w_i / sum_{i in S_t} alpha_i``                 Eq. 4.2 (M. Chen et al.)
+UDMAPL    ``sum_{i in S_t} alpha_i/(1-q_i) * w_i``  (not renormalised)            Eq. 4.4
+========= ======================================================================= ===========================
+
+What a lost packet means in each rule:
+
+- UPGA-PL (pseudo-gradients): a lost client contributes a zero *update*, i.e. it counts as "stay at ``w_t``";
+  the ``1/(1-q_i)`` factor makes the expected update equal to the lossless ``sum_i alpha_i delta_i``.
+- DMA-PL (model averaging): lost clients are simply left out and the received models are averaged with their
+  weights renormalised over ``S_t`` (equal to ``FedAvg(weighting="participating")``). Biased towards reliable
+  clients: in expectation it weights client ``i`` by about ``alpha_i (1-q_i)``.
+- UDMA-PL: a lost client contributes a zero *model* (not ``w_t``), and the received models are scaled by
+  ``1/(1-q_i)`` without renormalisation. Unbiased in expectation, but its variance scales with the model norm,
+  ``sum alpha_i^2 q_i/(1-q_i) ||w_i||^2`` (Lemma A.1). With ``S_t`` empty Eq. 4.4 literally returns the **zero
+  model**; ``empty_round="zero"`` (default) does that and warns once, ``"keep"`` keeps ``w_t`` instead (spec §5.1).
+
+UPGA-PL and DMA-PL keep ``w_t`` when nobody arrives.
+
+``q_i`` (UPGAPL, UDMAPL) comes from, per the ``q`` argument:
+
+- ``"known"`` (default): ``q_i = 1 - RoundContext.success_probs[i]`` (the thesis gives the true ``q``, §1.2);
+- ``"estimate"``: an online estimate from rounds ``< t`` only (so the weight is independent of this round's
+  outcome): ``1 - q_hat_i = (arrivals_i + 1) / (attempts_i + 1)``, where an attempt is a round in which the
+  client was in ``RoundContext.selected`` and an arrival a round in which :meth:`add` was called for it. The
+  ``+1`` prior starts every client at ``q_hat = 0`` (lossless until proven otherwise) and keeps ``1 - q_hat > 0``;
+  the mean is over the whole history (stationary losses, Assumption 14);
+- a sequence of ``N`` fixed values ``q_i`` in ``[0, 1)``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+
+Q_SOURCES = ("known", "estimate")
+
+
+class SuccessEstimator:
+    """Online estimate of each client's round-trip success probability ``1 - q_i``.
+
+    ``estimates() = (arrivals + 1) / (attempts + 1)`` with counts over the rounds seen by :meth:`update`.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: Tensor | None = None
+        self.arrivals: Tensor | None = None
+
+    def setup(self, num_clients: int) -> None:
+        self.attempts = torch.zeros(int(num_clients), dtype=torch.int64)
+        self.arrivals = torch.zeros(int(num_clients), dtype=torch.int64)
+
+    def update(self, attempted: Tensor, arrived: Tensor) -> None:
+        attempted = torch.as_tensor(attempted).flatten().cpu() != 0
+        arrived = torch.as_tensor(arrived).flatten().cpu() != 0
+        self.attempts += (attempted | arrived).to(torch.int64)
+        self.arrivals += arrived.to(torch.int64)
+
+    def estimates(self) -> Tensor:
+        return (self.arrivals + 1).to(torch.float64) / (self.attempts + 1).to(torch.float64)
+
+    def state_dict(self) -> dict:
+        return {"attempts": self.attempts.clone(), "arrivals": self.arrivals.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.attempts = state["attempts"].clone()
+        self.arrivals = state["arrivals"].clone()
+
+
+class _LossyAggregator(Algorithm):
+    """Shared plumbing: per-round weighted sum of deltas, ``q`` handling, fresh-client bookkeeping."""
+
+    uses_q = True
+
+    def __init__(self, q: str | Sequence[float] | Tensor = "known") -> None:
+        super().__init__()
+        self._fixed_q: Tensor | None = None
+        self.estimator: SuccessEstimator | None = None
+        if isinstance(q, str):
+            if q not in Q_SOURCES:
+                raise ValueError(f"q must be one of {Q_SOURCES} or a sequence of N loss probabilities, got {q!r}")
+            self.q = q
+            if q == "estimate":
+                self.estimator = SuccessEstimator()
+        else:
+            fixed = torch.as_tensor(q, dtype=torch.float64).flatten()
+            if fixed.numel() == 0 or not torch.isfinite(fixed).all() or (fixed < 0).any() or (fixed >= 1).any():
+                raise ValueError(f"q (loss probabilities) must lie in [0, 1) for every client, got {q!r}")
+            self._fixed_q = fixed
+            self.q = "fixed"
+        self._sum: Tensor | None = None
+        self._raw: dict[int, float] = {}
+        self._success: Tensor | None = None
+
+    def hparams(self) -> dict:
+        if not self.uses_q:
+            return {}
+        return {"q": self._fixed_q.tolist() if self._fixed_q is not None else self.q}
+
+    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
+        super().setup(num_clients, init_params, client_weights)
+        if self._fixed_q is not None and self._fixed_q.numel() != self.num_clients:
+            raise ValueError(f"q has {self._fixed_q.numel()} entries but num_clients={self.num_clients}")
+        if self.estimator is not None:
+            self.estimator.setup(self.num_clients)
+
+    def _success_probs(self, ctx: RoundContext | None) -> Tensor:
+        if self._fixed_q is not None:
+            return 1.0 - self._fixed_q
+        if self.estimator is not None:
+            return self.estimator.estimates()
+        probs = None if ctx is None else ctx.success_probs
+        if probs is None:
+            raise ValueError(f"{type(self).__name__}(q='known') needs RoundContext.success_probs (1 - q_i)")
+        s = torch.as_tensor(probs, dtype=torch.float64).flatten().cpu()
+        if s.numel() != self.num_clients:
+            raise ValueError(f"RoundContext.success_probs must have num_clients={self.num_clients} entries")
+        if not torch.isfinite(s).all() or (s <= 0).any() or (s > 1).any():
+            raise ValueError("RoundContext.success_probs must lie in (0, 1] (loss probability q_i = 1 - s_i < 1)")
+        return s
+
+    def open_round(self, round: int, ctx: RoundContext | None) -> None:
+        super().open_round(round, ctx)
+        if self.estimator is not None and (ctx is None or ctx.selected is None):
+            raise ValueError("q='estimate' needs RoundContext.selected to count transmission attempts")
+        self._success = self._success_probs(ctx) if self.uses_q else None
+        self._sum = torch.zeros_like(self.params)
+        self._raw = {}
+
+    def _raw_weight(self, client: int) -> float:
+        alpha = float(self.client_weights[client])
+        return alpha / float(self._success[client]) if self.uses_q else alpha
+
+    def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
+        if self._sum is None:
+            raise RuntimeError("add() called without open_round()")
+        self._check_client(client, delta)
+        if client in self._raw:
+            raise ValueError(f"client {client} already added in this round")
+        raw = self._raw_weight(client)
+        self._raw[client] = raw
+        self._sum.add_(delta.to(self._sum), alpha=raw)
+
+    def close_round(self) -> Tensor:
+        if self._sum is None:
+            raise RuntimeError("close_round() called without open_round()")
+        self.params = self._combine()
+        if self.estimator is not None:
+            arrived = torch.zeros(self.num_clients, dtype=torch.bool)
+            if self._raw:
+                arrived[list(self._raw)] = True
+            self.estimator.update(self.ctx.selected, arrived)
+        self._sum = None
+        return self.params
+
+    def _combine(self) -> Tensor:
+        raise NotImplementedError
+
+    def loss_estimates(self) -> Tensor | None:
+        """Current ``q_hat`` (``q="estimate"``), float64 ``[N]``, else ``None``."""
+        return None if self.estimator is None else 1.0 - self.estimator.estimates()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["success_estimator"] = None if self.estimator is None else self.estimator.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.estimator is not None:
+            if state.get("success_estimator") is None:
+                raise ValueError("state has no success estimator but q='estimate'")
+            self.estimator.load_state_dict(state["success_estimator"])
+
+
+class UPGAPL(_LossyAggregator):
+    """Unbiased pseudo-gradient aggregation under packet loss (thesis Algorithm 5, Eq. 4.5).
+
+    Args:
+        q: ``"known"`` (``1 - RoundContext.success_probs``), ``"estimate"`` or ``N`` fixed values in ``[0, 1)``.
+        server_lr: ``eta_s > 0`` (1 in the thesis).
+
+    Example::
+
+        >>> algo = UPGAPL(q=[0.5, 0.0])
+        >>> algo.setup(num_clients=2, init_params=torch.zeros(1))
+        >>> algo.open_round(0, None)
+        >>> algo.add(0, torch.tensor([1.0]), ClientInfo(1, 1))
+        >>> algo.close_round()        # (1/2) / (1 - 0.5) * 1
+        tensor([1.])
+    """
+
+    def __init__(self, q: str | Sequence[float] | Tensor = "known", server_lr: float = 1.0) -> None:
+        super().__init__(q)
+        if not server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        self.server_lr = float(server_lr)
+
+    def hparams(self) -> dict:
+        return {**super().hparams(), "server_lr": self.server_lr}
+
+    def _combine(self) -> Tensor:
+        self.last_weights = dict(self._raw)
+        if not self._raw:
+            return self.params
+        return self.params + self.server_lr * self._sum
+
+
+class DMAPL(_LossyAggregator):
+    """Direct model averaging over the received models, renormalised (thesis Eq. 4.2; baseline).
+
+    Needs no ``q``. Equal to ``FedAvg(weighting="participating")``; keeps ``w_t`` when nobody arrives.
+    """
+
+    uses_q = False
+
+    def __init__(self) -> None:
+        super().__init__("known")
+
+    def _combine(self) -> Tensor:
+        total = sum(self._raw.values())
+        if total <= 0:
+            self.last_weights = {}
+            return self.params
+        self.last_weights = {c: r / total for c, r in self._raw.items()}
+        return self.params + (1.0 / total) * self._sum
+
+
+class UDMAPL(_LossyAggregator):
+    """Unbiased direct model averaging: ``sum_{S_t} alpha_i/(1-q_i) w_i`` (thesis Eq. 4.4; baseline).
+
+    Args:
+        q: ``"known"``, ``"estimate"`` or ``N`` fixed values in ``[0, 1)``.
+        empty_round: ``"zero"`` (default, literal Eq. 4.4: the zero model, with a one-time warning) or ``"keep"``.
+    """
+
+    def __init__(self, q: str | Sequence[float] | Tensor = "known", empty_round: str = "zero") -> None:
+        super().__init__(q)
+        if empty_round not in ("zero", "keep"):
+            raise ValueError(f"empty_round must be 'zero' or 'keep', got {empty_round!r}")
+        self.empty_round = empty_round
+        self._warned = False
+
+    def hparams(self) -> dict:
+        return {**super().hparams(), "empty_round": self.empty_round}
+
+    def _combine(self) -> Tensor:
+        self.last_weights = dict(self._raw)
+        if not self._raw:
+            if self.empty_round == "keep":
+                return self.params
+            if not self._warned:
+                warnings.warn(
+                    "UDMAPL: no update arrived this round; Eq. 4.4 returns the zero model "
+                    "(pass empty_round='keep' to keep w_t instead)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self._warned = True
+            return torch.zeros_like(self.params)
+        # sum_i c_i (w_t + delta_i) = (sum_i c_i) w_t + sum_i c_i delta_i
+        return sum(self._raw.values()) * self.params + self._sum
