@@ -1,0 +1,81 @@
+"""Cyclic availability (FedAU's ``cyclic-100`` pattern): fixed on/off blocks with a random phase per client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lightning_fedhet.participation._process import ProbabilityProcess, fmt_spec
+from lightning_fedhet.participation._validate import KEY_CYCLIC_OFFSET, STATIC_KEY, as_int
+from lightning_fedhet.participation.recipes import Recipe, check_prob_spec, resolve_probs
+from lightning_fedhet.seeding import Stream, generator
+
+
+class Cyclic(ProbabilityProcess):
+    """Each client is on for ``active`` consecutive rounds, then off for ``inactive`` rounds, and repeats.
+
+    Block lengths follow FedAU's released code exactly (fedau.md §1.4)::
+
+        active   = max(1, round(period * p_i))      # Python/numpy round: halves go to the even integer
+        inactive = max(1, period - active)
+
+    so a client's cycle is ``active + inactive`` rounds long: ``period`` except when ``round(period * p_i)`` is 0
+    or ``period`` (then ``period + 1``). The long-run frequency, reported as :attr:`p`, is therefore
+    ``active / (active + inactive)``, not the requested ``p_i`` (e.g. ``p = 1`` gives ``period / (period + 1)``,
+    ``p = 0`` gives ``1 / period``).
+
+    Phase offsets (fedau.md §6.2 pitfall 6), one per client, drawn once from
+    ``generator(seed, Stream.PARTICIPATION, STATIC_KEY, 4)``:
+
+    - ``offset="uniform"`` (default): uniform over the whole cycle, so every round's availability is exactly
+      ``Bernoulli(active / (active + inactive))`` marginally (the paper's "to simulate a stationary random
+      process").
+    - ``offset="inactive"``: FedAU's code: every client starts in its off block, at a uniform position within it.
+
+    Client ``i`` is on in round ``t`` iff ``(t + phase_i) mod (active_i + inactive_i) < active_i``; no state, any
+    round in ``O(N)``.
+
+    Args:
+        period: nominal cycle length in rounds, integer ``>= 1`` (FedAU: 100).
+        p: target participation probability in ``[0, 1]``: scalar, per-client sequence or recipe.
+        offset: ``"uniform"`` or ``"inactive"``.
+    """
+
+    def __init__(self, period: int, p: Any, offset: str = "uniform") -> None:
+        super().__init__()
+        self.period = as_int(period, "period")
+        self._p_spec = check_prob_spec(p, "p")
+        if isinstance(self._p_spec, Recipe) and self._p_spec.returns_lam:
+            raise ValueError(f"p={self._p_spec!r} also fixes Markov correlations (lam); use Markov(p=...) with it")
+        if offset not in ("uniform", "inactive"):
+            raise ValueError(f"offset must be 'uniform' or 'inactive', got {offset!r}")
+        self.offset = offset
+        self.active = self.inactive = self.phase = np.empty(0, dtype=np.int64)
+
+    @staticmethod
+    def block_lengths(period: int, p: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(active, inactive)`` block lengths (int64) for ``period`` and probabilities ``p`` (FedAU's rule)."""
+        active = np.maximum(1, np.rint(period * np.asarray(p, dtype=np.float64))).astype(np.int64)
+        inactive = np.maximum(1, period - active).astype(np.int64)
+        return active, inactive
+
+    def _resolve(self, label_hist: np.ndarray | None) -> None:
+        p, _ = resolve_probs(self._p_spec, self.num_clients, self.seed, label_hist, "p")
+        self.active, self.inactive = self.block_lengths(self.period, p)
+        cycle = self.active + self.inactive
+        rng = generator(self.seed, Stream.PARTICIPATION, STATIC_KEY, KEY_CYCLIC_OFFSET)
+        if self.offset == "uniform":
+            self.phase = rng.integers(0, cycle)
+        else:
+            self.phase = self.active + rng.integers(0, self.inactive)
+        self._cycle = cycle
+
+    def _sample(self, round: int) -> np.ndarray:
+        return (round + self.phase) % self._cycle < self.active
+
+    def _stationary(self) -> np.ndarray:
+        return self.active / self._cycle
+
+    def __repr__(self) -> str:
+        return f"Cyclic(period={self.period}, p={fmt_spec(self._p_spec)}, offset={self.offset!r})"

@@ -1,0 +1,96 @@
+"""Lossy links between the server and the clients (thesis ch.4 §4.2; FedACS §1.4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_fedhet.participation._validate import as_numpy_mask, as_prob_array, per_client
+from lightning_fedhet.seeding import Stream, generator
+
+
+class LossyChannel:
+    """Independent packet losses on the downlink (global model) and uplink (client update).
+
+    ``q`` is a **loss** probability (FedACS's ``q_m``, the thesis's ``q_si`` / ``q_is``): a transmission to or from
+    client ``i`` is lost with probability ``q_i``, independently across clients and rounds (thesis Assumption 14)
+    and independently of availability and selection. A client that misses the downlink does not train; the
+    overall success probability is ``(1 - q_down)(1 - q_up)`` (:attr:`success_probs`).
+
+    Round ``t`` draws ``U ~ Uniform[0, 1)^N`` from ``generator(seed, Stream.DOWNLINK, t)`` (resp. ``UPLINK``) for
+    all ``N`` clients and keeps client ``i`` iff it was in the input mask and ``U_i >= q_i``; so outcomes are pure
+    functions of ``(seed, t)`` and do not depend on which other clients were selected.
+
+    Args:
+        uplink: uplink loss probability ``q_up`` in ``[0, 1)``, scalar or per-client sequence.
+        downlink: downlink loss probability ``q_down`` in ``[0, 1)``, scalar or per-client sequence.
+
+    Usage::
+
+        channel = LossyChannel(uplink=0.1, downlink=[0.0, 0.5])
+        channel.setup(num_clients=2, seed=0)
+        got_model = channel.downlink(t, selected)     # torch.bool [N]
+        arrived = channel.uplink(t, got_model)         # torch.bool [N]
+    """
+
+    def __init__(self, uplink: Any = 0.0, downlink: Any = 0.0) -> None:
+        self._q_up_spec = as_prob_array(uplink, "uplink", high_open=True)
+        self._q_down_spec = as_prob_array(downlink, "downlink", high_open=True)
+        self.num_clients = 0
+        self.seed = 0
+        self.q_up = self.q_down = np.empty(0)
+
+    def setup(self, num_clients: int, seed: int = 0) -> None:
+        if int(num_clients) < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        self.num_clients = int(num_clients)
+        self.seed = int(seed)
+        self.q_up = per_client(self._q_up_spec, self.num_clients, "uplink")
+        self.q_down = per_client(self._q_down_spec, self.num_clients, "downlink")
+
+    def _check_setup(self) -> None:
+        if self.num_clients < 1:
+            raise RuntimeError("LossyChannel.setup(num_clients, seed) must be called first")
+
+    def _transmit(self, stream: Stream, round: int, mask: Any, q: np.ndarray, name: str) -> Tensor:
+        self._check_setup()
+        if int(round) < 0:
+            raise ValueError(f"round must be >= 0, got {round}")
+        sent = as_numpy_mask(mask, self.num_clients, name)
+        ok = generator(self.seed, stream, int(round)).random(self.num_clients) >= q
+        return torch.from_numpy(sent & ok)
+
+    def downlink(self, round: int, selected: Any) -> Tensor:
+        """Clients of ``selected`` (bool ``[N]``) that received the global model in round ``round``."""
+        return self._transmit(Stream.DOWNLINK, round, selected, self.q_down, "selected")
+
+    def uplink(self, round: int, trained: Any) -> Tensor:
+        """Clients of ``trained`` (bool ``[N]``) whose update reached the server in round ``round``."""
+        return self._transmit(Stream.UPLINK, round, trained, self.q_up, "trained")
+
+    @property
+    def success_probs(self) -> Tensor:
+        """``(1 - q_down)(1 - q_up)`` per client: probability that a selected client's update arrives."""
+        self._check_setup()
+        return torch.as_tensor((1.0 - self.q_down) * (1.0 - self.q_up), dtype=torch.float64)
+
+    @property
+    def uplink_success(self) -> Tensor:
+        """``1 - q_up`` per client: probability that a trained client's update arrives."""
+        self._check_setup()
+        return torch.as_tensor(1.0 - self.q_up, dtype=torch.float64)
+
+    @property
+    def downlink_success(self) -> Tensor:
+        """``1 - q_down`` per client: probability that a selected client receives the global model."""
+        self._check_setup()
+        return torch.as_tensor(1.0 - self.q_down, dtype=torch.float64)
+
+    def __repr__(self) -> str:
+        def fmt(arr: np.ndarray) -> str:
+            return f"{float(arr):g}" if arr.ndim == 0 else f"<{arr.shape[0]} per-client values>"
+
+        return f"LossyChannel(uplink={fmt(self._q_up_spec)}, downlink={fmt(self._q_down_spec)})"

@@ -1,0 +1,164 @@
+"""Compute heterogeneity: how many local steps each client runs in a round (DESIGN.md §2.4).
+
+``local_steps`` may be
+
+- an ``int >= 1``: every client, every round;
+- a per-client sequence of ints ``>= 1`` (length ``N``): fixed per client (FedACS's static setting);
+- a :class:`StepDistribution`, drawn afresh every round: :class:`UniformSteps` (integer-uniform, inclusive) or
+  :class:`TwoGroupSteps` (FedACS's dynamic setting).
+
+:func:`local_steps_for` resolves any of them to ``int64 [N]`` for one round. Random draws come from
+``generator(seed, Stream.LOCAL_STEPS, round)``, one per client per round for all ``N`` clients, so a round's
+steps are a pure function of ``(seed, round)`` and do not depend on who is selected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lightning_fedhet.participation._validate import as_int
+from lightning_fedhet.seeding import Stream, generator
+
+
+def _int_array(value: Any, name: str) -> np.ndarray:
+    """Integer array (scalar or 1-D) with every entry ``>= 1``; message names ``name``."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, (str, bytes)) or value is None:
+        raise ValueError(f"{name} must be an integer >= 1 or a per-client sequence of them, got {value!r}")
+    try:
+        arr = np.asarray(value)
+        num = arr.astype(np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be an integer >= 1 or a per-client sequence of them, got {value!r}") from err
+    if arr.dtype == bool or arr.ndim > 1 or (arr.ndim == 1 and arr.size == 0):
+        raise ValueError(f"{name} must be an integer >= 1 or a per-client sequence of them, got {value!r}")
+    flat = num.reshape(-1)
+    with np.errstate(invalid="ignore"):
+        valid = np.isfinite(flat) & (flat == np.round(flat)) & (flat >= 1)
+    if not np.all(valid):
+        raise ValueError(f"{name} must be integers >= 1, got {float(flat[~valid][0])!r}")
+    return num.astype(np.int64)
+
+
+class StepDistribution:
+    """A per-round random draw of local steps: subclasses implement :meth:`sample` and :meth:`expected`."""
+
+    def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
+        """Local steps of every client in round ``round``: ``int64 [num_clients]``, all ``>= 1``."""
+        raise NotImplementedError
+
+    def expected(self, num_clients: int) -> np.ndarray:
+        """Mean local steps of every client (float64 ``[num_clients]``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _rng(round: int, seed: int) -> np.random.Generator:
+        if int(round) < 0:
+            raise ValueError(f"round must be >= 0, got {round}")
+        return generator(seed, Stream.LOCAL_STEPS, int(round))
+
+
+class UniformSteps(StepDistribution):
+    """Local steps ``K_i(t) ~ Uniform{low, ..., high}`` (both ends included), independent per client and round.
+
+    Args:
+        low: smallest number of steps, integer ``>= 1`` (or a per-client sequence).
+        high: largest number of steps, integer ``>= low`` (or a per-client sequence).
+    """
+
+    def __init__(self, low: Any, high: Any) -> None:
+        self.low = _int_array(low, "local_steps low")
+        self.high = _int_array(high, "local_steps high")
+        try:
+            low, high = np.broadcast_arrays(self.low, self.high)
+        except ValueError as err:
+            raise ValueError(f"local_steps low and high have different lengths ({self.low.shape[0]} and "
+                             f"{self.high.shape[0]})") from err
+        if np.any(high < low):
+            raise ValueError(f"local_steps high must be >= low, got low={self.low.tolist()}, high={self.high.tolist()}")
+
+    def _bounds(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        low, high = np.broadcast_arrays(self.low, self.high)
+        if low.ndim == 1 and low.shape[0] != num_clients:
+            raise ValueError(f"local_steps bounds have {low.shape[0]} entries but num_clients is {num_clients}")
+        return np.broadcast_to(low, (num_clients,)), np.broadcast_to(high, (num_clients,))
+
+    def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
+        low, high = self._bounds(num_clients)
+        return self._rng(round, seed).integers(low, high, endpoint=True, size=num_clients, dtype=np.int64)
+
+    def expected(self, num_clients: int) -> np.ndarray:
+        low, high = self._bounds(num_clients)
+        return (low + high) / 2.0
+
+    def __repr__(self) -> str:
+        def fmt(a: np.ndarray) -> str:
+            return str(int(a)) if a.ndim == 0 else f"<{a.shape[0]} per-client values>"
+
+        return f"UniformSteps(low={fmt(self.low)}, high={fmt(self.high)})"
+
+
+class TwoGroupSteps(UniformSteps):
+    """FedACS's dynamic compute heterogeneity (fedacs.md §4.3): two halves with different step ranges.
+
+    Clients ``0 .. N//2 - 1`` (the paper's clients 1-10 of 20) draw ``U{first}`` and the others ``U{second}``,
+    afresh every round, integer-uniform with both ends included. Defaults are the paper's ``(1, 10)`` and
+    ``(20, 30)``. (FedACS pairs this with per-round link losses ``q ~ U(0.4, 0.5)`` / ``U(0, 0.1)``; that part is
+    not modelled here.)
+
+    Args:
+        first: ``(low, high)`` of the first half.
+        second: ``(low, high)`` of the second half.
+    """
+
+    def __init__(self, first: tuple[int, int] = (1, 10), second: tuple[int, int] = (20, 30)) -> None:
+        if len(first) != 2 or len(second) != 2:
+            raise ValueError(f"first and second must be (low, high) pairs, got {first!r} and {second!r}")
+        self._first = UniformSteps(*first)
+        self._second = UniformSteps(*second)
+        self.first = (int(self._first.low), int(self._first.high))
+        self.second = (int(self._second.low), int(self._second.high))
+
+    def _bounds(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        first = np.arange(num_clients) < num_clients // 2
+        low = np.where(first, self.first[0], self.second[0]).astype(np.int64)
+        high = np.where(first, self.first[1], self.second[1]).astype(np.int64)
+        return low, high
+
+    def __repr__(self) -> str:
+        return f"TwoGroupSteps(first={self.first}, second={self.second})"
+
+
+def check_local_steps(spec: Any) -> Any:
+    """Validate a ``local_steps`` argument early (lengths are checked when ``num_clients`` is known)."""
+    if isinstance(spec, StepDistribution):
+        return spec
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        as_int(spec, "local_steps")
+        return int(spec)
+    return _int_array(spec, "local_steps")
+
+
+def local_steps_for(spec: Any, round: int, num_clients: int, seed: int) -> np.ndarray:
+    """Local steps of every client in round ``round`` as ``int64 [num_clients]``.
+
+    Args:
+        spec: an int ``>= 1``, a per-client sequence of ints ``>= 1`` or a :class:`StepDistribution`
+            (any object with ``sample(round, num_clients, seed)`` is accepted and its output validated).
+        round: 0-based round index.
+        num_clients: ``N``.
+        seed: the run's seed.
+    """
+    if hasattr(spec, "sample") and not isinstance(spec, np.ndarray):
+        steps = _int_array(spec.sample(round, num_clients, seed), "local_steps")
+    else:
+        steps = check_local_steps(spec)
+    steps = np.asarray(steps, dtype=np.int64)
+    if steps.ndim == 0:
+        return np.full(num_clients, int(steps), dtype=np.int64)
+    if steps.shape[0] != num_clients:
+        raise ValueError(f"local_steps has {steps.shape[0]} entries but num_clients is {num_clients}")
+    return steps.copy()
