@@ -13,28 +13,12 @@ import torch
 from torch import Tensor
 
 from lightning_fedhet.algorithms.base import Algorithm, RoundContext
+from lightning_fedhet.data.datamodule import dataset_labels
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.seeding import Stream, generator
-
-
-def resolve_local_steps(local_steps, round: int, num_clients: int, seed: int) -> np.ndarray:
-    """Local steps of every client in round ``round`` as int64 ``[N]``.
-
-    ``local_steps`` is an int, a per-client sequence of ints, or an object with
-    ``sample(round, num_clients, seed) -> int[N]`` (per-round random draws).
-    """
-    if hasattr(local_steps, "sample"):
-        steps = np.asarray(local_steps.sample(round, num_clients, seed))
-    elif np.ndim(local_steps) == 0:
-        steps = np.full(num_clients, local_steps)
-    else:
-        steps = np.asarray(local_steps)
-        if steps.shape != (num_clients,):
-            raise ValueError(f"local_steps has {steps.size} entries, expected num_clients={num_clients}")
-    if not np.all(np.equal(np.mod(steps, 1), 0)) or steps.min() < 1:
-        raise ValueError(f"local_steps must be integers >= 1, got min {steps.min()}")
-    return steps.astype(np.int64)
+from lightning_fedhet.system.latency import VirtualClock
+from lightning_fedhet.system.steps import check_local_steps, local_steps_for
 
 
 @dataclass
@@ -45,8 +29,9 @@ class RoundPlan:
         available: clients the participation process made available.
         selected: clients the server asked to train.
         trained: selected clients that received the model (downlink) and hold data.
-        arrives: trained clients whose update will reach the server (uplink).
+        arrives: trained clients whose update will reach the server (uplink, and deadline if one is set).
         local_steps: int64 ``[N]``; steps each trained client runs (0 for the others).
+        duration: simulated seconds the round takes (0 without a latency model).
         schedule: ``(client, local step)`` for every mini-batch of the round, clients in id order.
         batches: dataset indices of each mini-batch of ``schedule``.
     """
@@ -57,6 +42,7 @@ class RoundPlan:
     trained: Tensor
     arrives: Tensor
     local_steps: np.ndarray
+    duration: float = 0.0
     schedule: list[tuple[int, int]] = field(default_factory=list)
     batches: list[np.ndarray] = field(default_factory=list)
 
@@ -75,6 +61,8 @@ class Federation:
         local_steps: int, per-client array or per-round draw (see :func:`resolve_local_steps`).
         selection: optional selector with ``choose(available, rng) -> bool[N]`` (e.g. ``UniformSample(k)``).
         channel: optional lossy channel with ``downlink(round, mask)`` / ``uplink(round, mask)``.
+        latency: optional latency model with ``sample(round, mask, local_steps) -> seconds[N]``.
+        deadline: optional per-round deadline in simulated seconds; later clients' updates are dropped.
         seed: seed of every draw.
     """
 
@@ -86,6 +74,8 @@ class Federation:
         local_steps=1,
         selection=None,
         channel=None,
+        latency=None,
+        deadline: float | None = None,
         seed: int = 0,
     ) -> None:
         self.participation = participation
@@ -94,16 +84,26 @@ class Federation:
         self.local_steps = local_steps
         self.selection = selection
         self.channel = channel
+        self.latency = latency
+        self.clock = VirtualClock(deadline)
+        if deadline is not None and latency is None:
+            raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
         self.seed = int(seed)
         self.num_clients = streams.num_clients
-        participation.setup(self.num_clients, self.seed)
+        if getattr(participation, "needs_label_hist", False):
+            participation.setup(self.num_clients, self.seed, label_hist=self.label_histograms())
+        else:
+            participation.setup(self.num_clients, self.seed)
         if selection is not None:
             if not hasattr(selection, "choose"):
                 raise TypeError(f"selection must have a choose(available, rng) method, got {type(selection).__name__}")
             selection.setup(self.num_clients, self.seed)
         if channel is not None:
             channel.setup(self.num_clients, self.seed)
-        resolve_local_steps(local_steps, 0, self.num_clients, self.seed)  # validate early
+        if latency is not None:
+            latency.setup(self.num_clients, self.seed)
+        check_local_steps(local_steps)
+        local_steps_for(local_steps, 0, self.num_clients, self.seed)  # validate lengths early
         self.has_data = torch.from_numpy(streams.sizes > 0)
 
     def plan(self, round: int) -> RoundPlan:
@@ -118,14 +118,30 @@ class Federation:
         received_model = self.channel.downlink(round, selected) if self.channel is not None else selected.clone()
         trained = received_model & self.has_data
         arrives = self.channel.uplink(round, trained) if self.channel is not None else trained.clone()
-        steps = resolve_local_steps(self.local_steps, round, self.num_clients, self.seed)
+        steps = local_steps_for(self.local_steps, round, self.num_clients, self.seed)
         steps = np.where(trained.numpy(), steps, 0)
-        plan = RoundPlan(round, available, selected, trained, arrives & trained, steps)
+        duration = 0.0
+        if self.latency is not None:
+            times = self.latency.sample(round, trained, np.maximum(steps, 1))
+            duration = self.clock.round_duration(times, trained)
+            arrives = arrives & torch.from_numpy(self.clock.on_time(times, trained))
+        plan = RoundPlan(round, available, selected, trained, arrives & trained, steps, duration)
         for client in plan.trained_ids:
             k = int(steps[client])
             plan.schedule += [(client, step) for step in range(k)]
             plan.batches += self.streams.batch_indices(round, client, k)
         return plan
+
+    def label_histograms(self) -> np.ndarray:
+        """Per-client label counts ``[N, C]`` (for label-correlated participation recipes)."""
+        labels = dataset_labels(self.streams.dataset)
+        if labels is None:
+            raise ValueError("this participation recipe needs labels, but the training dataset exposes none")
+        classes, codes = np.unique(labels, return_inverse=True)
+        hist = np.zeros((self.num_clients, len(classes)), dtype=np.int64)
+        for i, idx in enumerate(self.streams.client_indices):
+            hist[i] = np.bincount(codes[idx], minlength=len(classes))
+        return hist
 
     @property
     def participation_probs(self) -> Tensor | None:

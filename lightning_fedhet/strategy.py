@@ -33,6 +33,7 @@ from lightning_fedhet.federation import Federation, RoundPlan
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
+from lightning_fedhet.system.steps import check_local_steps
 
 ENGINES = ("sequential",)
 OPTIMIZER_STATES = ("reset", "persist")
@@ -50,7 +51,9 @@ class FedHetStrategy(SingleDeviceStrategy):
         selection: optional server selection among available clients, e.g. ``UniformSample(k)``;
             default: the algorithm's ``select`` (all available clients).
         channel: optional lossy channel (``downlink``/``uplink``); default: lossless.
-        latency: reserved for the latency model / virtual clock (heterogeneity layer).
+        latency: optional per-client latency model (e.g. ``ShiftedExponential``) driving the simulated
+            clock: a round lasts until its slowest trained client answers (or the deadline).
+        deadline: optional per-round deadline in simulated seconds; updates arriving later are dropped.
         num_clients: number of clients when the datamodule is a plain LightningDataModule.
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
         engine: ``"sequential"`` (one client at a time through Lightning's loop).
@@ -80,6 +83,7 @@ class FedHetStrategy(SingleDeviceStrategy):
         selection: Any = None,
         channel: Any = None,
         latency: Any = None,
+        deadline: float | None = None,
         num_clients: int | None = None,
         partitioner: Any = None,
         engine: str = "sequential",
@@ -102,9 +106,7 @@ class FedHetStrategy(SingleDeviceStrategy):
             raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
         if num_clients is not None and int(num_clients) < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        if np.ndim(local_steps) == 0 and not hasattr(local_steps, "sample"):
-            if int(local_steps) != local_steps or local_steps < 1:
-                raise ValueError(f"local_steps must be an integer >= 1, got {local_steps}")
+        check_local_steps(local_steps)
         if int(seed) < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.algorithm = algorithm if algorithm is not None else FedAvg()
@@ -113,6 +115,7 @@ class FedHetStrategy(SingleDeviceStrategy):
         self.selection = selection
         self.channel = channel
         self.latency = latency
+        self.deadline = deadline
         self.num_clients = num_clients
         self.partitioner = partitioner
         self.engine = engine
@@ -201,6 +204,8 @@ class FedHetStrategy(SingleDeviceStrategy):
             local_steps=self.local_steps,
             selection=self.selection,
             channel=self.channel,
+            latency=self.latency,
+            deadline=self.deadline,
             seed=self.seed,
         )
         self.flat = FlatModel(self.lightning_module)
@@ -286,7 +291,8 @@ class FedHetStrategy(SingleDeviceStrategy):
             # The server sends the model to every selected client; every client that trained sends back.
             "download_bytes": int(plan.selected.sum()) * model_bytes,
             "upload_bytes": int(plan.trained.sum()) * model_bytes,
-            "sim_time": self.history[-1]["sim_time"] if self.history else 0.0,
+            "sim_time": (self.history[-1]["sim_time"] if self.history else 0.0) + plan.duration,
+            "wasted_steps": int(plan.local_steps[(plan.trained & ~received).numpy()].sum()),
             "rejected": rejected,
         }
         self.history.append(record)
@@ -300,6 +306,7 @@ class FedHetStrategy(SingleDeviceStrategy):
             "round/upload_bytes": float(record["upload_bytes"]),
             "round/download_bytes": float(record["download_bytes"]),
             "round/sim_time": float(record["sim_time"]),
+            "round/wasted_steps": float(record["wasted_steps"]),
         }
 
     # ------------------------------------------------------------------ server state
