@@ -23,6 +23,7 @@ class Classifier(pl.LightningModule):
         lr: SGD learning rate (the client learning rate in a federated run).
         momentum: SGD momentum.
         weight_decay: L2 penalty (the thesis's ridge term for linear models).
+        lr_decay: factor applied to ``lr`` after every epoch, i.e. every federated round (1.0: constant).
         model_kwargs: extra keyword arguments for the model-zoo factory.
     """
 
@@ -33,6 +34,7 @@ class Classifier(pl.LightningModule):
         lr: float = 0.05,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_decay: float = 1.0,
         model_kwargs: dict | None = None,
     ) -> None:
         super().__init__()
@@ -65,6 +67,9 @@ class Classifier(pl.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch, self.test_acc, "test")
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self):
         hp = self.hparams
-        return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        optimizer = torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        if hp.lr_decay == 1.0:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ExponentialLR(optimizer, hp.lr_decay)}

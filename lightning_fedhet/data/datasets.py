@@ -52,7 +52,7 @@ def _read_idx(path: Path) -> np.ndarray:
         raise ValueError(f"{path} is not an unsigned-byte IDX file")
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape).copy()
 
 
 def _find_idx(folder: Path, stem: str) -> Path | None:
