@@ -91,6 +91,10 @@ class EarlyExitClassifier(pl.LightningModule):
             raise ValueError(f"train_exit must be None or an exit index in [1, {self.num_exits}], got {e!r}")
         self.train_exit = None if e is None else int(e)
 
+    def configure_client(self, train_exit: int | None = None) -> None:
+        """Federated hook: the server rule (e.g. ``FedCIS``) tells this client which exit to train this round."""
+        self.set_train_exit(train_exit)
+
     def forward(self, x: Tensor, upto: int | None = None) -> list[Tensor]:
         return self.model(x, upto=upto)
 

@@ -212,6 +212,7 @@ class FedHetStrategy(SingleDeviceStrategy):
         sizes = torch.as_tensor(streams.sizes, dtype=torch.float64)
         alpha = sizes if self.client_weights == "samples" else None
         self.algorithm.setup(streams.num_clients, self.flat.get(), alpha)
+        self.algorithm.client_sizes = torch.as_tensor(streams.sizes, dtype=torch.int64)
         if self._pending_state is not None:
             self.load_server_state_dict(self._pending_state)
             self._pending_state = None
@@ -230,6 +231,15 @@ class FedHetStrategy(SingleDeviceStrategy):
             self._close_round()
 
     def _start_client(self, client: int) -> None:
+        config = self.algorithm.client_config(client)
+        if config:
+            configure = getattr(self.lightning_module, "configure_client", None)
+            if configure is None:
+                raise TypeError(
+                    f"{type(self.algorithm).__name__} sends {sorted(config)} to each client: the LightningModule "
+                    "must define configure_client(**config) (EarlyExitClassifier does)"
+                )
+            configure(**config)
         self.flat.set(self._global)
         self._client_loss = []
         for i, opt in enumerate(self.optimizers):

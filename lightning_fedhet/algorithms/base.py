@@ -81,6 +81,9 @@ class Algorithm:
         self.client_weights: Tensor | None = None
         self.ctx: RoundContext | None = None
         self.last_weights: dict[int, float] = {}
+        # |D_i| of every client (int64 [N]), set by the strategy after setup(); rules that weigh by data
+        # held by *other* clients (FedCIS's |D_{e,p}|) read it. None when unknown.
+        self.client_sizes: Tensor | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
@@ -122,6 +125,14 @@ class Algorithm:
         """
         return available.clone()
 
+    def client_config(self, client: int) -> dict:
+        """Instructions for ``client``'s local training this round, called after :meth:`select`.
+
+        The strategy passes a non-empty dict to the LightningModule's ``configure_client(**config)``
+        before the client's first local step (FedCIS sends ``{"train_exit": e}``). Default: ``{}``.
+        """
+        return {}
+
     def open_round(self, round: int, ctx: RoundContext) -> None:
         """Start aggregating round ``round``; ``ctx`` holds what the server may know."""
         self._check_ready()
@@ -143,12 +154,15 @@ class Algorithm:
             "num_clients": self.num_clients,
             "params": None if self.params is None else self.params.clone(),
             "client_weights": None if self.client_weights is None else self.client_weights.clone(),
+            "client_sizes": None if self.client_sizes is None else self.client_sizes.clone(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.num_clients = int(state["num_clients"])
         self.params = None if state["params"] is None else state["params"].clone()
         self.client_weights = None if state["client_weights"] is None else state["client_weights"].clone()
+        sizes = state.get("client_sizes")
+        self.client_sizes = None if sizes is None else sizes.clone()
 
     # ------------------------------------------------------------------ helpers
     def _check_ready(self) -> None:
