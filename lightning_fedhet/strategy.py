@@ -35,7 +35,7 @@ from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
 from lightning_fedhet.system.steps import check_local_steps
 
-ENGINES = ("sequential",)
+ENGINES = ("sequential", "vmap")
 OPTIMIZER_STATES = ("reset", "persist")
 CLIENT_WEIGHTS = ("uniform", "samples")
 
@@ -99,9 +99,11 @@ class FedHetStrategy(SingleDeviceStrategy):
             device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
         )
         if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r} (the vmap engine is not available yet)")
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if optimizer_state not in OPTIMIZER_STATES:
             raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
+        if engine == "vmap" and optimizer_state == "persist":
+            raise ValueError("optimizer_state='persist' is only supported by engine='sequential'")
         if client_weights not in CLIENT_WEIGHTS:
             raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
         if num_clients is not None and int(num_clients) < 1:
@@ -134,6 +136,9 @@ class FedHetStrategy(SingleDeviceStrategy):
         self._round_metrics: dict[str, float] = {}
         self._pending_state: dict | None = None
         self._rejected: list[int] = []
+        self._cohorts: list = []
+        self._cohort_losses: dict[int, list[float]] = {}
+        self._cohort_logs: dict[str, list[torch.Tensor]] = {}
         self._round_closed = True
         self.next_round = 0
 
@@ -162,9 +167,32 @@ class FedHetStrategy(SingleDeviceStrategy):
         return checkpoint
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.engine == "vmap":
+            if batch_idx == 0:
+                self._start_cohort()
+            return
         client, step = self._plan.schedule[batch_idx]
         if step == 0:
             self._start_client(client)
+
+    def training_step(self, *args: Any, **kwargs: Any):
+        if self.engine != "vmap":
+            return super().training_step(*args, **kwargs)
+        batch, batch_idx = args[0], args[1]
+        module = self.lightning_module
+        for cohort, group_batch in zip(self._cohorts, batch):
+            losses, logged = cohort.step(group_batch, batch_idx)
+            active = cohort.local_steps > batch_idx
+            for i, client in enumerate(cohort.clients):
+                if active[i]:
+                    self._cohort_losses.setdefault(client, []).append(float(losses[i]))
+            for name, values in logged.items():
+                self._cohort_logs.setdefault(name, []).append(values[active])
+        for name, chunks in self._cohort_logs.items():
+            module.log(name, torch.cat(chunks).mean(), on_step=False, on_epoch=True, batch_size=1)
+        self._cohort_logs = {}
+        # The cohort stepped its own stacked copies; Lightning's optimizer has nothing to do.
+        return None
 
     # ------------------------------------------------------------------ federation setup
     def _setup_federation(self, trainer: pl.Trainer, dataloader: object) -> None:
@@ -247,7 +275,54 @@ class FedHetStrategy(SingleDeviceStrategy):
             if self.optimizer_state_mode == "persist" and client in self._client_optim_states:
                 _import_state(opt, self._client_optim_states[client][i])
 
+    def _start_cohort(self) -> None:
+        """vmap engine: stack the round's trained clients, grouped by mini-batch size."""
+        from lightning_fedhet.engines.vmap import VmapCohort
+
+        self.flat.set(self._global)
+        module, optimizer = self.lightning_module, self.optimizers[0]
+        self._cohorts = [
+            VmapCohort(module, optimizer, clients, self._plan.local_steps[clients]) for clients in self._cohort_groups()
+        ]
+        self._cohort_losses, self._cohort_logs = {}, {}
+
+    def _cohort_groups(self) -> list[list[int]]:
+        sizes = self.federation.streams.sizes
+        batch = self.federation.streams.batch_size
+        groups: dict[int, list[int]] = {}
+        for client in self._plan.trained_ids:
+            groups.setdefault(min(batch, int(sizes[client])), []).append(client)
+        return [groups[k] for k in sorted(groups)]
+
+    def _vmap_schedule(self, plan: RoundPlan) -> list[list[np.ndarray]]:
+        """Per local step, per cohort group: the stacked dataset indices ``[C_g, B_g]``."""
+        by_client: dict[int, list[np.ndarray]] = {}
+        for (client, _), idx in zip(plan.schedule, plan.batches):
+            by_client.setdefault(client, []).append(idx)
+        groups = self._cohort_groups()
+        max_steps = int(plan.local_steps.max()) if plan.schedule else 0
+        # A client that has finished repeats its last batch; its rows are put back after the step.
+        return [
+            [np.stack([by_client[c][min(k, len(by_client[c]) - 1)] for c in group]) for group in groups]
+            for k in range(max_steps)
+        ]
+
+    def _end_cohort(self) -> None:
+        for cohort in self._cohorts:
+            deltas = cohort.flat_params().to(self._global) - self._global[: self.flat.num_parameters]
+            for i, client in enumerate(cohort.clients):
+                delta = self._global.new_zeros(self._global.shape)
+                delta[: self.flat.num_parameters] = deltas[i]
+                losses = self._cohort_losses.get(client, [])
+                self._submit(client, delta, float(np.mean(losses)) if losses else float("nan"))
+        self._cohorts = []
+
     def _end_step(self, batch_idx: int, outputs: Any) -> None:
+        if self.engine == "vmap":
+            if batch_idx + 1 == int(self._plan.local_steps.max()):
+                self._end_cohort()
+                self._close_round()
+            return
         client, step = self._plan.schedule[batch_idx]
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
@@ -260,9 +335,13 @@ class FedHetStrategy(SingleDeviceStrategy):
     def _end_client(self, client: int) -> None:
         if self.optimizer_state_mode == "persist":
             self._client_optim_states[client] = [_export_state(opt) for opt in self.optimizers]
-        if not bool(self._plan.arrives[client]):
-            return  # uplink lost: the work is wasted
         delta = self.flat.get(self._global.dtype).to(self._global.device) - self._global
+        self._submit(client, delta, float(np.mean(self._client_loss)) if self._client_loss else float("nan"))
+
+    def _submit(self, client: int, delta: torch.Tensor, loss: float) -> None:
+        """Send one trained client's delta up: lost, rejected as non-finite, or added to the algorithm."""
+        if not bool(self._plan.arrives[client]):
+            return  # uplink lost (or past the deadline): the work is wasted
         if not torch.isfinite(delta).all():
             self._rejected.append(client)
             self.rejected_total += 1
@@ -270,7 +349,7 @@ class FedHetStrategy(SingleDeviceStrategy):
         info = ClientInfo(
             num_samples=len(self.federation.streams.client_indices[client]),
             local_steps=int(self._plan.local_steps[client]),
-            loss=float(np.mean(self._client_loss)) if self._client_loss else float("nan"),
+            loss=loss,
         )
         self.algorithm.add(client, delta, info)
 
@@ -379,7 +458,12 @@ class _RoundLoader:
         strategy = self.strategy
         if strategy._plan is None or strategy._round_closed:
             strategy._begin_round(strategy.next_round)
-        return strategy.federation.streams.iterate(strategy._plan.batches)
+        streams = strategy.federation.streams
+        if strategy.engine == "vmap":
+            return (
+                [streams.stacked_batch(idx) for idx in step] for step in strategy._vmap_schedule(strategy._plan)
+            )
+        return streams.iterate(strategy._plan.batches)
 
 
 class _RoundHooks(Callback):

@@ -73,6 +73,15 @@ class ClientStreams:
         flat = np.concatenate(order)[:needed]
         return list(flat.reshape(num_steps, size))
 
+    def stacked_batch(self, indices: np.ndarray):
+        """One mini-batch per client, stacked on a leading client dim, from indices ``[C, B]`` (vmap engine)."""
+        if self._sliceable:
+            index = torch.from_numpy(indices)
+            return [t[index] for t in self.dataset.tensors]
+        from lightning_fedhet.engines.vmap import stack_batches
+
+        return stack_batches([self.collate_fn([self.dataset[int(i)] for i in row]) for row in indices])
+
     def iterate(self, schedule: Sequence[np.ndarray]) -> Iterator:
         """Yield the batches for a list of index arrays, in order."""
         if self._sliceable:

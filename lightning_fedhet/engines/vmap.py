@@ -1,0 +1,190 @@
+"""The vmap cohort engine: a whole round's cohort trains at once with ``torch.func`` (DESIGN.md §2.5).
+
+Each client's parameters are one row of stacked tensors ``[C, *shape]``. One local step of the cohort is a
+single ``vmap(grad_and_value(training_step))`` call over the stacked parameters and the stacked client
+batches ``[C, B, ...]``, followed by one step of the user's optimizer class on the stacked tensors. Because
+the supported optimizers (SGD, Adam, AdamW, RMSprop, Adagrad) update every element independently, stepping
+the stacked tensors is the same as stepping each client's copy with its own state; their one scalar per
+tensor (Adam's step count) is shared, which is exact because every client still training has taken the same
+number of steps. Clients with fewer local steps than the round's maximum are masked: after each step their
+rows (parameters and optimizer state) are put back, so they stay at their last real step.
+
+Limits (each raises :class:`VmapUnsupported` naming the cause and the ``engine="sequential"`` fallback):
+modules with running statistics (BatchNorm), optimizers whose state is not elementwise (LBFGS, ...),
+per-client persistent optimizer state, data-dependent Python control flow in ``training_step`` (caught when
+``torch.func`` refuses it), manual optimization. ``self.log`` inside ``training_step`` works: each logged
+value is computed per client and the strategy logs their mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+ELEMENTWISE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop, torch.optim.Adagrad)
+
+
+class VmapUnsupported(RuntimeError):
+    """The model, optimizer or configuration cannot run under ``engine="vmap"``."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"engine='vmap' cannot run this: {cause}. Use engine='sequential' instead.")
+
+
+def check_vmap_support(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Raise :class:`VmapUnsupported` for the cases the engine cannot simulate faithfully."""
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.modules.batchnorm._NormBase) and sub.track_running_stats:
+            raise VmapUnsupported(
+                f"module '{name}' ({type(sub).__name__}) keeps running statistics, which vmap cannot update per client"
+            )
+    if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
+        raise VmapUnsupported(
+            f"optimizer {type(optimizer).__name__} is not one whose state is elementwise "
+            f"({', '.join(c.__name__ for c in ELEMENTWISE_OPTIMIZERS)})"
+        )
+
+
+class _TrainingStep(nn.Module):
+    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs."""
+
+    def __init__(self, lightning_module: nn.Module) -> None:
+        super().__init__()
+        self.lm = lightning_module
+
+    def forward(self, batch, batch_idx: int):
+        return self.lm.training_step(batch, batch_idx)
+
+
+class _LogCollector:
+    """Stands in for ``LightningModule.log`` during a vmapped step: records names and per-client values."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.values: list[Tensor] = []
+        self.kwargs: list[dict] = []
+
+    def __call__(self, name: str, value, *args, **kwargs) -> None:
+        self.names.append(name)
+        self.values.append(torch.as_tensor(value, dtype=torch.float32))
+        self.kwargs.append(kwargs)
+
+    def clear(self) -> None:
+        self.names, self.values, self.kwargs = [], [], []
+
+
+class VmapCohort:
+    """One round's cohort, trained in lock-step.
+
+    Args:
+        module: the user's LightningModule (its parameters hold the global model).
+        optimizer: the user's optimizer (class, hyper-parameters and current learning rates are copied).
+        clients: the cohort's client ids (length ``C``).
+        local_steps: steps each client runs, int ``[C]``.
+    """
+
+    def __init__(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clients: Sequence[int], local_steps: np.ndarray
+    ) -> None:
+        check_vmap_support(module, optimizer)
+        self.module = module
+        self.clients = list(clients)
+        self.local_steps = torch.as_tensor(np.asarray(local_steps), dtype=torch.int64)
+        self.step_module = _TrainingStep(module)
+        self.names = [name for name, _ in module.named_parameters()]
+        size = len(self.clients)
+        self.params = {
+            name: p.detach().unsqueeze(0).repeat(size, *([1] * p.dim())).requires_grad_(p.requires_grad)
+            for name, p in module.named_parameters()
+        }
+        self.buffers = {name: b for name, b in module.named_buffers()}
+        by_id = {id(p): name for name, p in module.named_parameters()}
+        groups = []
+        for group in optimizer.param_groups:
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            groups.append({"params": [self.params[by_id[id(p)]] for p in group["params"]], **hyper})
+        self.optimizer = type(optimizer)(groups)
+        self.logs = _LogCollector()
+
+    def _loss(self, params: dict[str, Tensor], batch, batch_idx: int):
+        self.logs.clear()
+        state = {f"lm.{k}": v for k, v in params.items()}
+        state.update({f"lm.{k}": v for k, v in self.buffers.items()})
+        out = functional_call(self.step_module, state, (batch, batch_idx))
+        loss = out["loss"] if isinstance(out, dict) else out
+        if not isinstance(loss, Tensor):
+            raise VmapUnsupported("training_step must return the loss tensor (or a dict with 'loss')")
+        return loss, tuple(self.logs.values)
+
+    def step(self, batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Run local step ``step`` for every client whose ``local_steps > step``.
+
+        Args:
+            batch: the clients' mini-batches stacked on a leading client dimension ``[C, B, ...]``.
+            step: 0-based local step index.
+
+        Returns:
+            per-client losses ``[C]`` and the per-client values ``[C]`` of every ``self.log`` call.
+        """
+        active = self.local_steps > step
+        frozen = (~active).nonzero().flatten()
+        saved = None
+        if frozen.numel():
+            saved = self._snapshot(frozen)
+        original_log = self.module.log
+        self.module.log = self.logs
+        try:
+            compute = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, None), randomness="different")
+            params = {k: v.detach() for k, v in self.params.items()}
+            grads, (losses, values) = compute(params, batch, step)
+        except VmapUnsupported:
+            raise
+        except RuntimeError as err:
+            raise VmapUnsupported(f"torch.func could not transform training_step ({err})") from err
+        finally:
+            self.module.log = original_log
+        for name, p in self.params.items():
+            p.grad = grads[name] if p.requires_grad else None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if saved is not None:
+            self._restore(frozen, saved)
+        logged = {name: value for name, value in zip(self.logs.names, values)}
+        return losses.detach(), logged
+
+    def _snapshot(self, rows: Tensor) -> dict:
+        state = {name: p.detach()[rows].clone() for name, p in self.params.items()}
+        opt_state = {}
+        for name, p in self.params.items():
+            for key, value in self.optimizer.state.get(p, {}).items():
+                if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == p.shape[0]:
+                    opt_state[(name, key)] = value[rows].clone()
+        return {"params": state, "opt": opt_state}
+
+    def _restore(self, rows: Tensor, saved: dict) -> None:
+        with torch.no_grad():
+            for name, value in saved["params"].items():
+                self.params[name][rows] = value
+            for (name, key), value in saved["opt"].items():
+                self.optimizer.state[self.params[name]][key][rows] = value
+
+    def flat_params(self) -> Tensor:
+        """Each client's parameters flattened in ``named_parameters`` order: ``[C, num_parameters]``."""
+        size = len(self.clients)
+        return torch.cat([self.params[n].detach().reshape(size, -1) for n in self.names], dim=1)
+
+
+def stack_batches(batches: Sequence) -> object:
+    """Stack a list of per-client batches (tensors, or lists/tuples/dicts of tensors) on a new dim 0."""
+    first = batches[0]
+    if isinstance(first, Tensor):
+        return torch.stack(list(batches))
+    if isinstance(first, dict):
+        return {k: stack_batches([b[k] for b in batches]) for k in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(stack_batches([b[i] for b in batches]) for i in range(len(first)))
+    raise VmapUnsupported(f"batches of type {type(first).__name__} cannot be stacked per client")

@@ -1,0 +1,115 @@
+"""engine="vmap" against engine="sequential", its documented errors, and self.log under vmap."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
+from torch.utils.data import TensorDataset
+
+from lightning_fedhet import Dirichlet, FederatedDataModule, FedHetStrategy
+from lightning_fedhet.classifier import Classifier
+from lightning_fedhet.data import synthetic_leaf
+from lightning_fedhet.engines.vmap import VmapUnsupported
+from lightning_fedhet.participation import Bernoulli
+from lightning_fedhet.system import UniformSteps
+
+
+def _run(engine, make_model, dm, rounds=5, seed=1):
+    strategy = FedHetStrategy(participation=Bernoulli(0.6), local_steps=UniformSteps(1, 4), engine=engine, seed=seed)
+    torch.manual_seed(0)
+    model = make_model()
+    quiet_trainer(strategy=strategy, max_epochs=rounds).fit(model, datamodule=dm)
+    return flat_params(model), strategy
+
+
+def _assert_engines_agree(make_model, dm):
+    seq, s_seq = _run("sequential", make_model, dm)
+    vec, s_vec = _run("vmap", make_model, dm)
+    torch.testing.assert_close(vec, seq, atol=1e-5, rtol=0)
+    assert [h["local_steps"] for h in s_vec.history] == [h["local_steps"] for h in s_seq.history]
+    assert len({k for h in s_seq.history for k in h["local_steps"].values()}) > 1  # unequal steps happened
+    assert any(len(h["received"]) < 10 for h in s_seq.history)  # partial participation happened
+
+
+def test_vmap_equals_sequential_logistic_regression_on_synthetic_leaf():
+    train, test, train_idx, _ = synthetic_leaf(num_clients=10, seed=0)
+    dm = FederatedDataModule(train, train_idx, batch_size=16)
+    _assert_engines_agree(lambda: Classifier("logistic_regression", lr=0.05, momentum=0.9, weight_decay=1e-2), dm)
+
+
+def test_vmap_equals_sequential_fashion_mnist_cnn():
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(400, 1, 28, 28, generator=gen)
+    labels = torch.randint(0, 10, (400,), generator=gen)
+    dm = FederatedDataModule(TensorDataset(images, labels), Dirichlet(1.0), num_clients=10, batch_size=8)
+    _assert_engines_agree(lambda: Classifier("fmnist_cnn", lr=0.05, model_kwargs={"width": 4, "hidden": 16}), dm)
+
+
+def test_vmap_groups_clients_with_smaller_batches():
+    # client 0 holds 3 samples (< batch size 8): its own group, same result as sequential
+    ds = toy_dataset(83)
+    parts = [np.arange(0, 3)] + [np.arange(3 + 20 * i, 3 + 20 * (i + 1)) for i in range(4)]
+    dm = FederatedDataModule(ds, parts, batch_size=8)
+    results = []
+    for engine in ("sequential", "vmap"):
+        strategy = FedHetStrategy(local_steps=3, engine=engine)
+        model = TinyClassifier(momentum=0.5)
+        quiet_trainer(strategy=strategy, max_epochs=2).fit(model, datamodule=dm)
+        results.append(flat_params(model))
+    torch.testing.assert_close(results[1], results[0], atol=1e-6, rtol=0)
+
+
+class _WithBatchNorm(TinyClassifier):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(5)
+
+    def forward(self, x):
+        return self.linear(self.norm(x))
+
+
+def test_batchnorm_under_vmap_raises_the_documented_error():
+    dm = FederatedDataModule(toy_dataset(40), Dirichlet(1.0), num_clients=2, batch_size=4)
+    with pytest.raises(VmapUnsupported, match="BatchNorm1d.*running statistics.*engine='sequential'"):
+        quiet_trainer(strategy=FedHetStrategy(engine="vmap"), max_epochs=1).fit(_WithBatchNorm(), datamodule=dm)
+
+
+def test_non_elementwise_optimizer_under_vmap_raises():
+    class LBFGSModel(TinyClassifier):
+        def configure_optimizers(self):
+            return torch.optim.LBFGS(self.parameters())
+
+    dm = FederatedDataModule(toy_dataset(40), Dirichlet(1.0), num_clients=2, batch_size=4)
+    with pytest.raises(VmapUnsupported, match="LBFGS"):
+        quiet_trainer(strategy=FedHetStrategy(engine="vmap"), max_epochs=1).fit(LBFGSModel(), datamodule=dm)
+
+
+class _Logging(TinyClassifier):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("client_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_self_log_under_vmap_is_the_mean_of_per_client_values():
+    ds = toy_dataset(60)
+    parts = [np.arange(i * 15, (i + 1) * 15) for i in range(4)]
+    dm = FederatedDataModule(ds, parts, batch_size=5)
+    strategy = FedHetStrategy(local_steps=1, engine="vmap")
+    model = _Logging()
+    reference = _Logging()  # same deterministic init
+    trainer = quiet_trainer(strategy=strategy, max_epochs=1)
+    trainer.fit(model, datamodule=dm)
+    per_client = []
+    for client in range(4):
+        (idx,) = strategy.federation.streams.batch_indices(0, client, 1)
+        x, y = ds.tensors[0][idx], ds.tensors[1][idx]
+        per_client.append(float(F.cross_entropy(reference(x), y)))
+    assert float(trainer.callback_metrics["client_loss"]) == pytest.approx(np.mean(per_client), abs=1e-6)
+
+
+def test_persist_optimizer_state_is_sequential_only():
+    with pytest.raises(ValueError, match="persist"):
+        FedHetStrategy(engine="vmap", optimizer_state="persist")
