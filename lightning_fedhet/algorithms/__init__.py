@@ -1,6 +1,25 @@
 """Server rules (DESIGN.md §2.3): framework-free functions of flat parameter vectors."""
 
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.cafed import (
+    F3AST,
+    AdaFed,
+    CAFed,
+    MarkovAvailabilityEstimator,
+    compute_weights,
+    proxy_error,
+)
+from lightning_fedhet.algorithms.calibration import LRScaling, effective_step, lr_scalings
+from lightning_fedhet.algorithms.fedacs import (
+    OS,
+    CAFedAvg,
+    FedACS,
+    SampledFedAvg,
+    SystemEstimator,
+    chi_square,
+    fedacs_probabilities,
+    surrogate_weights,
+)
 from lightning_fedhet.algorithms.fedau import FedAU, IntervalEstimator
 from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.algorithms.fednova import FedNova
@@ -24,4 +43,21 @@ __all__ = [
     "DMAPL",
     "UDMAPL",
     "FedNova",
+    "FedACS",
+    "SampledFedAvg",
+    "CAFedAvg",
+    "OS",
+    "SystemEstimator",
+    "fedacs_probabilities",
+    "surrogate_weights",
+    "chi_square",
+    "CAFed",
+    "AdaFed",
+    "F3AST",
+    "MarkovAvailabilityEstimator",
+    "compute_weights",
+    "proxy_error",
+    "LRScaling",
+    "effective_step",
+    "lr_scalings",
 ]

@@ -1,0 +1,125 @@
+"""Step-length calibration of the FedACS paper (App. I.2; spec ``shared/specs/fedacs.md`` §3.7).
+
+Methods that sample and aggregate differently take steps of different *effective* length. In expectation a
+round of each rule moves the model by ``-eta * E_step * sum_m Omega_m grad F_m`` (spec §1.6, §2.2), with the
+per-method effective step ``E_step = eta_eff * T_eff / eta``:
+
+=============================== ============================================ =========================================
+method                          ``eta_eff * T_eff / eta``                      rule
+=============================== ============================================ =========================================
+``fedavg`` (IS, ``p = omega``)  ``sum_m omega_m s_m a_m``                      ``(1/K) sum_{received} delta_m``
+``fedacs``                      ``1 / sum_m omega_m / (s_m a_m)``              FedACS sampling, ``(1/K) sum delta_m``
+``cafedavg``                    ``sum_m omega_m a_m``                          ``(1/K) sum delta_m / s_m``
+``fedvarp``                     as ``cafedavg`` (paper: ``eta_4 = eta_3``)
+``fednova``                     ``sum_m omega_m s_m a_m``                      normalised, rescaled by ``tau_eff``
+``fedau``, ``os``               not calibrated (paper: ``eta = eta_1``)
+=============================== ============================================ =========================================
+
+where ``omega`` are the target weights, ``s_m = 1 - q_m`` the probability that client ``m``'s update arrives and
+``a_m = ||a_m||_1`` its local-solver accumulation norm (``T_m`` for plain SGD, see
+:func:`~lightning_fedhet.algorithms.fednova.accumulation_norm`). The paper anchors every method to FedAvg's
+``eta_1`` so all share FedAvg's effective step; the resulting multipliers (:func:`lr_scalings`) are
+
+- FedACS: ``[sum omega s a] * [sum omega / (s a)]`` (``>= 1`` by Cauchy-Schwarz),
+- c-a-FedAvg and FedVarp: ``sum omega s a / sum omega a`` (``<= 1``),
+- FedAvg, FedNova, FedAU, OS: ``1``.
+
+**Client or server learning rate.** In the paper ``eta`` is the one learning rate of Algorithm 1 (the local step
+*and* the scale of the update ``-eta Delta``), so the multiplier applies to it (``target="client"``). With a
+separate server step the same calibration to first order in ``eta`` is obtained by multiplying the server learning
+rate instead (``target="server"``), which keeps every client's local trajectory identical across methods; this is
+what ``FedACS(calibrate=True)`` / ``CAFedAvg(calibrate=True)`` do every round.
+
+**Per-round or expected** (spec §3.7, §6.2.4). Pass this round's ``s`` and ``a`` to calibrate every round (the
+"per_round" knob, used by the rules' ``calibrate=True``) or their expectations under the heterogeneity generator
+(e.g. :meth:`~lightning_fedhet.system.steps.UniformSteps.expected`) for one fixed calibration ("expected").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+METHODS = ("fedavg", "fedacs", "cafedavg", "fedvarp", "fednova", "fedau", "os")
+TARGETS = ("client", "server")
+
+
+class LRScaling(NamedTuple):
+    """Multipliers of the client and server learning rates for one method (one of them is always 1)."""
+
+    client: float
+    server: float
+
+
+def _vectors(omega, success_probs, norms) -> tuple[Tensor, Tensor, Tensor]:
+    omega = torch.as_tensor(omega, dtype=torch.float64).flatten()
+    n = omega.numel()
+    if n == 0 or not torch.isfinite(omega).all() or (omega < 0).any() or omega.sum() <= 0:
+        raise ValueError("omega must be a non-empty vector of finite, non-negative weights, not all zero")
+    omega = omega / omega.sum()
+    success = torch.as_tensor(success_probs, dtype=torch.float64).flatten()
+    if success.numel() == 1:
+        success = success.expand(n)
+    if success.numel() != n:
+        raise ValueError(f"success_probs has {success.numel()} entries, expected {n} (one per client)")
+    if not torch.isfinite(success).all() or (success <= 0).any() or (success > 1).any():
+        raise ValueError("success_probs (1 - q_m) must lie in (0, 1] for every client")
+    norms = torch.as_tensor(norms, dtype=torch.float64).flatten()
+    if norms.numel() == 1:
+        norms = norms.expand(n)
+    if norms.numel() != n:
+        raise ValueError(f"norms has {norms.numel()} entries, expected {n} (one per client)")
+    if not torch.isfinite(norms).all() or (norms <= 0).any():
+        raise ValueError("norms (||a_m||_1, e.g. local steps) must be finite and > 0 for every client")
+    return omega, success, norms
+
+
+def effective_step(method: str, omega, success_probs, norms) -> float:
+    """``eta_eff * T_eff / eta`` of ``method`` (see the module table) for the given system state.
+
+    Args:
+        method: one of :data:`METHODS`.
+        omega: target weights ``omega_m`` (normalised here), shape ``[M]``.
+        success_probs: ``s_m = 1 - q_m`` in ``(0, 1]``, shape ``[M]`` or a scalar.
+        norms: ``||a_m||_1 > 0`` (local steps for plain SGD), shape ``[M]`` or a scalar.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    omega, s, a = _vectors(omega, success_probs, norms)
+    if method == "fedacs":
+        return float(1.0 / (omega / (s * a)).sum())
+    if method in ("cafedavg", "fedvarp"):
+        return float((omega * a).sum())
+    return float((omega * s * a).sum())
+
+
+def lr_scalings(omega, success_probs, norms, target: str = "client") -> dict[str, LRScaling]:
+    """Per-method learning-rate multipliers giving every method FedAvg's effective step (App. I.2).
+
+    Args:
+        omega: target weights, shape ``[M]``.
+        success_probs: ``1 - q_m`` per client (this round's, or expected), shape ``[M]`` or scalar.
+        norms: ``||a_m||_1`` per client (this round's, or expected), shape ``[M]`` or scalar.
+        target: ``"client"`` (the paper: scale ``eta``, the local step) or ``"server"`` (scale the server step).
+
+    Returns:
+        ``{method: LRScaling(client=..., server=...)}`` for every method in :data:`METHODS`.
+
+    Example::
+
+        >>> sc = lr_scalings([0.5, 0.5], [1.0, 0.5], [1.0, 2.0])
+        >>> round(sc["fedacs"].client, 6)    # (0.5*1 + 0.5*1) * (0.5/1 + 0.5/1)
+        1.0
+        >>> round(lr_scalings([0.5, 0.5], [1.0, 0.5], [1.0, 4.0])["fedacs"].client, 6)  # 1.5 * 0.75
+        1.125
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    anchor = effective_step("fedavg", omega, success_probs, norms)
+    out: dict[str, LRScaling] = {}
+    for method in METHODS:
+        factor = 1.0 if method in ("fedau", "os") else anchor / effective_step(method, omega, success_probs, norms)
+        out[method] = LRScaling(client=factor, server=1.0) if target == "client" else LRScaling(1.0, factor)
+    return out
