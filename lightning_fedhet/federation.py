@@ -109,6 +109,15 @@ class Federation:
     def plan(self, round: int) -> RoundPlan:
         available = self.participation.sample(round)
         rng = generator(self.seed, Stream.SELECTION, round)
+        steps = local_steps_for(self.local_steps, round, self.num_clients, self.seed)
+        if hasattr(self.algorithm, "observe_system"):
+            # The "system oracle" of FedACS-style samplers: this round's link reliability and local work.
+            self.algorithm.observe_system(
+                round,
+                success_probs=None if self.channel is None else self.channel.success_probs,
+                local_steps=torch.from_numpy(steps),
+                participation_probs=self.participation_probs,
+            )
         if self.selection is not None:
             selected = torch.from_numpy(self.selection.choose(available.numpy(), rng))
         else:
@@ -118,7 +127,6 @@ class Federation:
         received_model = self.channel.downlink(round, selected) if self.channel is not None else selected.clone()
         trained = received_model & self.has_data
         arrives = self.channel.uplink(round, trained) if self.channel is not None else trained.clone()
-        steps = local_steps_for(self.local_steps, round, self.num_clients, self.seed)
         steps = np.where(trained.numpy(), steps, 0)
         duration = 0.0
         if self.latency is not None:
