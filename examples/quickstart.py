@@ -36,10 +36,11 @@ def make_logger(kind: str, save_dir: str):
 
 def main() -> float:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=40, help="communication rounds (default 40)")
-    parser.add_argument("--local-steps", type=int, default=20, help="local SGD steps per client per round")
+    parser.add_argument("--rounds", type=int, default=80, help="communication rounds (default 80)")
+    parser.add_argument("--local-steps", type=int, default=10, help="local SGD steps per client per round")
     parser.add_argument("--clients-per-round", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.05, help="client learning rate")
+    parser.add_argument("--lr", type=float, default=0.1, help="client learning rate in round 1")
+    parser.add_argument("--lr-decay", type=float, default=0.97, help="client learning rate factor per round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=None, help="folder with the Fashion-MNIST IDX files (optional)")
     parser.add_argument("--logger", choices=["none", "csv", "wandb"], default="none")
@@ -50,7 +51,7 @@ def main() -> float:
     seed_everything(args.seed, verbose=False)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     data = FashionMNISTFederated(num_clients=100, partitioner=Dirichlet(0.5), batch_size=32, data_dir=args.data_dir)
-    model = Classifier("fmnist_cnn", num_classes=10, lr=args.lr, model_kwargs={"width": 16})
+    model = Classifier("fmnist_cnn", num_classes=10, lr=args.lr, lr_decay=args.lr_decay, model_kwargs={"width": 16})
     strategy = FedHetStrategy(
         algorithm=FedAvg(weighting="participating"),
         participation=UniformSample(args.clients_per_round),
@@ -60,7 +61,7 @@ def main() -> float:
     trainer = Trainer(
         strategy=strategy,
         max_epochs=args.rounds,  # one epoch = one communication round
-        check_val_every_n_epoch=5,
+        check_val_every_n_epoch=10,
         num_sanity_val_steps=0,
         logger=make_logger(args.logger, args.save_dir),
         callbacks=[RoundPrinter()],
