@@ -12,6 +12,8 @@ from lightning_fedhet.data import (
     IID,
     Dirichlet,
     FederatedDataModule,
+    LabelSwap,
+    Shards,
     dataset_labels,
     fashion_mnist,
     synthetic_leaf,
@@ -186,3 +188,35 @@ def test_synthetic_leaf_shapes_and_heterogeneity():
     assert spread(2) > 2 * low
     with pytest.raises(ValueError, match="gamma"):
         synthetic_leaf(gamma=-1)
+
+
+def test_shards_give_exactly_c_classes_and_split_classes_evenly():
+    labels = np.repeat(np.arange(10), 100)
+    parts = Shards(1).split(labels, 20, seed=0)
+    assert _is_partition(parts, 1000)
+    assert all(len(np.unique(labels[p])) == 1 for p in parts)
+    assert sorted(len(p) for p in parts) == [50] * 20  # each class split between two clients
+    parts2 = Shards(2).split(labels, 10, seed=3)
+    assert all(len(np.unique(labels[p])) == 2 for p in parts2)
+    with pytest.raises(ValueError, match="classes_per_client"):
+        Shards(11).split(labels, 10)
+    with pytest.raises(ValueError, match="classes_per_client"):
+        Shards(0)
+
+
+def test_label_swap_swaps_the_stated_fraction_per_client():
+    labels = np.repeat(np.arange(10), 40)
+    ds = torch.utils.data.TensorDataset(torch.randn(400, 3), torch.as_tensor(labels))
+    dm = FederatedDataModule(ds, LabelSwap(0.5), num_clients=4, batch_size=4, seed=1)
+    new = dm.train_dataset.tensors[1].numpy()
+    for i, idx in enumerate(dm.client_indices):
+        a, b = ((0, 1), (8, 9))[i % 2]
+        for src, dst in ((a, b), (b, a)):
+            members = idx[labels[idx] == src]
+            assert np.sum(new[members] == dst) == int(len(members) * 0.5)
+        untouched = idx[~np.isin(labels[idx], (a, b))]
+        assert np.array_equal(new[untouched], labels[untouched])
+    same = FederatedDataModule(ds, LabelSwap(0.0), num_clients=4, batch_size=4, seed=1)
+    assert np.array_equal(same.train_dataset.tensors[1].numpy(), labels)
+    with pytest.raises(ValueError, match="fraction"):
+        LabelSwap(1.5)

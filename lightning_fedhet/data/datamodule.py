@@ -64,6 +64,14 @@ def split_dataset(
     return parts
 
 
+def _relabel(dataset: Dataset, labels: np.ndarray) -> Dataset:
+    from torch.utils.data import TensorDataset
+
+    if not isinstance(dataset, TensorDataset):
+        raise ValueError("a label-swapping partitioner needs the training set as a TensorDataset (inputs, labels)")
+    return TensorDataset(*dataset.tensors[:-1], torch.as_tensor(labels, dtype=dataset.tensors[-1].dtype))
+
+
 class FederatedDataModule(pl.LightningDataModule):
     """Per-client training data plus ordinary validation/test loaders.
 
@@ -108,6 +116,10 @@ class FederatedDataModule(pl.LightningDataModule):
         self.seed = int(seed)
         self.client_indices: list[np.ndarray] = split_dataset(train_dataset, partitioner, num_clients, self.seed)
         self.num_clients = len(self.client_indices)
+        if hasattr(partitioner, "swapped_labels"):
+            self.train_dataset = _relabel(
+                train_dataset, partitioner.swapped_labels(dataset_labels(train_dataset), self.client_indices, self.seed)
+            )
 
     @property
     def client_sizes(self) -> np.ndarray:
