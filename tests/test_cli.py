@@ -84,3 +84,22 @@ def test_cli_logs_rounds_to_wandb_offline(tmp_path, monkeypatch):
     assert "val_acc" in logged
     cli.trainer.logger.experiment.finish()
     assert list(Path(tmp_path).glob("wandb/offline-run-*"))
+
+
+@pytest.mark.parametrize("config", sorted((ROOT / "configs" / "papers").glob("*.yaml")), ids=lambda p: p.stem)
+def test_paper_configs_run_one_round(config, tmp_path):
+    if "fmnist" in config.stem and not Path(os.environ.get("FEDHET_FASHION_MNIST", DEBIAN_FASHION_MNIST)).is_dir():
+        pytest.skip("Fashion-MNIST not installed")
+    from lightning_fedhet.cli import main
+
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_epochs=1",
+            "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    assert len(cli.trainer.strategy.history) == 1
