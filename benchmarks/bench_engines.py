@@ -29,12 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
+from lightning_fedhet.model_zoo import create
 
 from lightning_fedhet import Dirichlet, FedAvg, FederatedDataModule, FedHetStrategy, UniformSample
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import fashion_mnist, synthetic_leaf
 from lightning_fedhet.data.streams import ClientStreams
-from lightning_fedhet.model_zoo import create
 
 
 @dataclass
@@ -114,13 +114,22 @@ def run_strategy(task: Task, rounds: int, engine: str) -> float:
     model.training_step = _no_log_step.__get__(model)  # same work as the lean loop: no per-step logging
     dm = FederatedDataModule(task.dataset, task.client_indices, batch_size=task.batch_size)
     strategy = FedHetStrategy(
-        algorithm=FedAvg(), participation=UniformSample(task.clients_per_round), local_steps=task.local_steps,
+        algorithm=FedAvg(),
+        participation=UniformSample(task.clients_per_round),
+        local_steps=task.local_steps,
         engine=engine,
     )
     clock = _RoundClock()
     trainer = Trainer(
-        strategy=strategy, max_epochs=rounds, limit_val_batches=0, logger=False, enable_progress_bar=False,
-        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=[clock],
+        strategy=strategy,
+        max_epochs=rounds,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
     )
     trainer.fit(model, datamodule=dm)
     return per_round(clock.marks)
@@ -148,12 +157,27 @@ def run_central(task: Task, rounds: int) -> float:
     return per_round(marks)
 
 
-def run_flower(task: Task, rounds: int) -> float | None:
-    try:
-        import flwr  # noqa: F401
-    except ImportError:
+def run_flower(task: Task, rounds: int, python: str | None) -> float | None:
+    """Seconds per round of Flower's simulation engine (``flower_baseline.py`` in a subprocess), or None."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    python = python or sys.executable
+    probe = subprocess.run([python, "-c", "import flwr.simulation"], capture_output=True)
+    if probe.returncode != 0:
         return None
-    raise NotImplementedError("Flower baseline: install flwr[simulation] and implement the client here")
+    script = Path(__file__).resolve().parent / "flower_baseline.py"
+    out = subprocess.run(
+        [python, str(script), "--task", task.name, "--rounds", str(max(2, rounds // 3)), "--rounds2", str(rounds)],
+        capture_output=True,
+        text=True,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        print(out.stderr[-2000:])
+        return None
+    return json.loads(lines[-1])["s_per_round"]
 
 
 def samples_per_round(task: Task) -> int:
@@ -166,22 +190,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--flower-python", default=None, help="python of an environment with flwr[simulation]")
     args = parser.parse_args()
-    results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-               f"torch {torch.__version__}", "tasks": {}}
-    for name in (["B1", "B2"] if args.task == "all" else [args.task]):
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}",
+        "tasks": {},
+    }
+    for name in ["B1", "B2"] if args.task == "all" else [args.task]:
         task = make_task(name)
         runners = {
-            "lean": lambda: run_lean(task, args.rounds),
-            "sequential": lambda: run_strategy(task, args.rounds, "sequential"),
-            "vmap": lambda: run_strategy(task, args.rounds, "vmap"),
-            "central": lambda: run_central(task, args.rounds),
+            "lean": lambda task=task: run_lean(task, args.rounds),
+            "sequential": lambda task=task: run_strategy(task, args.rounds, "sequential"),
+            "vmap": lambda task=task: run_strategy(task, args.rounds, "vmap"),
+            "central": lambda task=task: run_central(task, args.rounds),
         }
         times = {}
-        for repeat in range(args.repeats):
+        for _ in range(args.repeats):
             for key, runner in runners.items():  # interleaved, so load changes hit every executor alike
                 times[key] = min(times.get(key, float("inf")), runner())
-        flower = run_flower(task, args.rounds)
+        flower = run_flower(task, args.rounds, args.flower_python)
         if flower is not None:
             times["flower"] = flower
         row = {
@@ -196,16 +224,22 @@ def main() -> None:
         }
         if "flower" in times:
             ratios["flower/sequential (time)"] = times["flower"] / times["sequential"]
-        results["tasks"][name] = {"per_executor": row, "ratios": ratios, "flower": "flwr not installed" if flower is None else "ok"}
-        print(f"\n{name}: {task.model}, N={len(task.client_indices)}, {task.clients_per_round} clients/round, "
-              f"K={task.local_steps}, batch {task.batch_size}, {args.rounds} rounds, best of {args.repeats}")
+        results["tasks"][name] = {
+            "per_executor": row,
+            "ratios": ratios,
+            "flower": "flwr not installed" if flower is None else "ok",
+        }
+        print(
+            f"\n{name}: {task.model}, N={len(task.client_indices)}, {task.clients_per_round} clients/round, "
+            f"K={task.local_steps}, batch {task.batch_size}, {args.rounds} rounds, best of {args.repeats}"
+        )
         print(f"{'executor':<12}{'s/round':>10}{'rounds/s':>10}{'samples/s':>12}")
         for key, r in row.items():
             print(f"{key:<12}{r['s_per_round']:>10.4f}{r['rounds_per_s']:>10.1f}{r['samples_per_s']:>12.0f}")
         for key, value in ratios.items():
             print(f"  {key}: {value:.2f}")
         if flower is None:
-            print("  flower: not installed (pip install -e .[bench])")
+            print("  flower: not available (pip install -e .[bench], or --flower-python)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
