@@ -169,6 +169,15 @@ class Algorithm:
         if self.params is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must be called before the first round")
 
+    def _check_update(self, client: int, delta: Tensor, accumulator: object, seen) -> None:
+        """The checks every :meth:`add` starts with: the round is open (``accumulator`` is set), the client id
+        and the delta's shape are valid, and ``client`` is not already in ``seen`` this round."""
+        if accumulator is None:
+            raise RuntimeError("add() called without open_round()")
+        self._check_client(client, delta)
+        if client in seen:
+            raise ValueError(f"client {client} already added in this round")
+
     def _check_client(self, client: int, delta: Tensor) -> None:
         if not 0 <= client < self.num_clients:
             raise IndexError(f"client id {client} out of range [0, {self.num_clients})")

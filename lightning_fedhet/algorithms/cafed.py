@@ -280,11 +280,7 @@ class _AvailabilityRule(Algorithm):
         self._raw = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._sum is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._sum, self._raw)
         raw = float(self._weights[client])
         self._raw[client] = raw
         if raw != 0.0:

@@ -462,11 +462,7 @@ class _WithReplacementSampler(Algorithm):
         self._raw = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._sum is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._sum, self._raw)
         count = int(self.last_counts[client])
         if count == 0:
             raise ValueError(f"client {client} was not drawn by select() in round {self._counts_round}")

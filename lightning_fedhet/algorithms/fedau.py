@@ -182,11 +182,7 @@ class FedAU(Algorithm):
         self._raw = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._sum is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._sum, self._raw)
         raw = float(self.client_weights[client]) * float(self._omega[client])
         self._raw[client] = raw
         self._sum.add_(delta.to(self._sum), alpha=raw)

@@ -85,11 +85,7 @@ class FedAvg(Algorithm):
         return alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._sum is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._sum, self._raw)
         raw = self._raw_weight(client, info)
         self._raw[client] = raw
         self._sum.add_(delta.to(self._sum), alpha=raw)

@@ -145,11 +145,7 @@ class FedNova(Algorithm):
         self._client_norms = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._sum is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._sum, self._raw)
         a = self.norm(info.local_steps)
         raw = float(info.num_samples) if self.weighting == "samples" else float(self.client_weights[client])
         self._raw[client] = raw

@@ -251,11 +251,7 @@ class FedStale(Algorithm):
         return alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._fresh is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._fresh, self._raw)
         raw = self._raw_weight(client)
         self._raw[client] = raw
         delta = delta.to(self._fresh)

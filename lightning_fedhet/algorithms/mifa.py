@@ -88,11 +88,7 @@ class MIFA(Algorithm):
         self._raw = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._raw is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._raw:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._raw, self._raw)
         self._raw[client] = float(self.client_weights[client])
         self.memory.write(client, delta)
 
