@@ -169,7 +169,7 @@ def run_flower(task: Task, rounds: int, python: str | None) -> float | None:
         return None
     script = Path(__file__).resolve().parent / "flower_baseline.py"
     out = subprocess.run(
-        [python, str(script), "--task", task.name, "--rounds", str(max(2, rounds // 3)), "--rounds2", str(rounds)],
+        [python, str(script), "--task", task.name, "--rounds", str(max(3, rounds))],
         capture_output=True,
         text=True,
     )
