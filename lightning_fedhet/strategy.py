@@ -144,6 +144,12 @@ class FedHetStrategy(SingleDeviceStrategy):
 
     # ------------------------------------------------------------------ Lightning plumbing
     def setup(self, trainer: pl.Trainer) -> None:
+        if trainer.accumulate_grad_batches != 1:
+            # accumulated gradients would leak from one client into the next
+            raise ValueError(
+                f"FedHetStrategy needs Trainer(accumulate_grad_batches=1), got {trainer.accumulate_grad_batches}; "
+                "set the clients' work with local_steps instead"
+            )
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _RoundHooks) for c in trainer.callbacks):
             # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round.

@@ -256,3 +256,15 @@ def test_dirichlet_on_unlabelled_dataset_names_the_parameter():
     unlabelled = TensorDataset(torch.randn(30, 5))
     with pytest.raises(ValueError, match="partitioner=Dirichlet.*needs labels"):
         FederatedDataModule(unlabelled, Dirichlet(0.5), num_clients=3)
+
+
+def test_gradient_accumulation_is_refused_because_it_would_mix_clients():
+    with pytest.raises(ValueError, match="accumulate_grad_batches=1"):
+        _fit(FedHetStrategy(local_steps=2), _dm(), rounds=1, accumulate_grad_batches=2)
+
+
+def test_mixed_precision_and_gradient_clipping_run_through_lightning():
+    for kwargs in ({"precision": "bf16-mixed"}, {"gradient_clip_val": 0.01}):
+        strategy = FedHetStrategy(local_steps=2, participation=UniformSample(2))
+        model, _ = _fit(strategy, _dm(), rounds=2, **kwargs)
+        assert len(strategy.history) == 2 and torch.isfinite(flat_params(model)).all()
