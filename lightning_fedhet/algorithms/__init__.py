@@ -22,6 +22,7 @@ from lightning_fedhet.algorithms.fedacs import (
 )
 from lightning_fedhet.algorithms.fedau import FedAU, IntervalEstimator
 from lightning_fedhet.algorithms.fedavg import FedAvg
+from lightning_fedhet.algorithms.fedcis import FedCIS, code_sampling_matrix, lambda_tilde_weights, sampling_matrix
 from lightning_fedhet.algorithms.fednova import FedNova
 from lightning_fedhet.algorithms.fedstale import FedStale, StaleMemory
 from lightning_fedhet.algorithms.fedvarp import FedVARP
@@ -60,4 +61,8 @@ __all__ = [
     "LRScaling",
     "effective_step",
     "lr_scalings",
+    "FedCIS",
+    "sampling_matrix",
+    "code_sampling_matrix",
+    "lambda_tilde_weights",
 ]

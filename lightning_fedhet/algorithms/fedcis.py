@@ -1,0 +1,507 @@
+"""Fed-CIS: federated training of an early-exit network for a cooperative inference system (thesis ch. 5,
+Kaplan, Rodio et al. 2024; spec ``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §2.1-2.5, §2.11, §5).
+
+The nodes of a :class:`~lightning_fedhet.cis.CISTopology` are the clients (client ``i`` = node ``i``). Node ``i``
+holds exits ``1..E_i``; each round every selected node trains **one** exit ``e``, drawn with probability
+``p_{i,e}`` (Algorithm 6, line 4), on the loss of that exit only (line 9). The server then applies line 11::
+
+    w_{t+1} = w_t + server_lr * sum_{(i, e) in N_t}  Lt_e * |D_i| / |D_{e,p}| * (1 / p_{i,e}) * delta_i
+
+with ``delta_i = w_i^{(t,K)} - w_t``, ``Lt = Lambda-tilde`` the per-exit aggregation weights,
+``C_e = {i : p_{i,e} > 0}`` and ``|D_{e,p}| = sum_{i in C_e} |D_i|`` (all nodes that *may* train exit ``e``, not
+only this round's). ``Lt`` (``lambda_tilde``):
+
+================ =================================================================== ===========================
+``"serving_rate"`` ``Lambda_e / sum Lambda`` (serving rates of the topology)            "Serving Rate", §5.3.4
+``"equal"``        ``1 / E``                                                         "Equal Weight" baseline
+``"flops"``        ``F_e / sum F`` (``F_e`` = cost of exit ``e``, ``flops=``)            "FLOPS Prop" baseline
+``"balanced"``     ``(Lambda_e / sum Lambda + o_e) / 2``, ``o_e`` normalised,        "Balanced Adj" (code's
+                   ``o_e ∝ 1 / (sigma2_e * sum_{i in C_e} (|D_i| / |D_{e,p}|)^2)``     strategy 11), §2.4
+tensor ``[E]``     given values, normalised to sum 1 unless ``normalize=False``
+================ =================================================================== ===========================
+
+Every named strategy sums to 1 (DESIGN §4; the released code normalises every ``Lt``).
+
+**Decisions on the thesis-vs-code discrepancies** (spec §2.11, §5):
+
+1. *Inverse vs direct probability.* Default ``prob_weighting="inverse"``: ``÷ p_{i,e}`` as in Algorithm 6 and
+   (D.11), which makes the update unbiased for the surrogate objective. ``"direct"`` multiplies by ``p_{i,e}``
+   like the released code (``lambda_tilde_e * c_ds_scale_factor * p_ce``). Identical when ``p = 0``.
+2. *Base of the update.* The thesis rule: pseudo-gradients are taken w.r.t. the broadcast global model ``w_t``
+   and added to ``w_t``. The released code aliases the global model to the root's locally-trained model, i.e.
+   ``w_{t+1} = w_root^{(t,K)} + sum_{c != root} a_c (w_c - w_root^{(t,K)})`` per parameter held by ``c``; that is
+   **not** reproduced. Consequence (spec §5.6): parameters used only by the deepest exit move with total weight
+   ``server_lr * Lt_E`` per round (0.05 under Serving Rate at 80-15-5) instead of being replaced by the root's
+   model, and parameters used by exits ``e..E`` only move with ``sum_{e' >= e} Lt_e'``. Nothing is renormalised
+   per parameter (that would not be Algorithm 6).
+3. *Meaning of p.* A scalar ``p`` is the thesis's parametrisation (§5.4, App. G: "the probability that a given
+   client will train **each** of its smaller exits"): ``p_{i,e} = p`` for ``e < E_i`` and
+   ``p_{i,E_i} = 1 - (E_i - 1) p`` (:func:`sampling_matrix`), so ``0 <= p <= 1 / (max_i E_i - 1)``. Any other
+   scheme is an explicit ``[N, E]`` matrix; the released code's ``--sampled-probability-per-layer a-b`` (total
+   probability ``a``/``b`` of training a smaller exit for nodes with ``E_i = 2``/``3``, split uniformly) is
+   :func:`code_sampling_matrix` ``(topology, {2: a, 3: b})``. Its only ``p > 0`` scripts use ``0.4-0.8``, i.e.
+   ``p = 0.4`` per smaller exit in the thesis's notation, while the thesis labels those results "p = 0.2": we do
+   not resolve that label.
+4. *|S_i| vs |D_i|.* ``|D_i|`` (Algorithm 6, D.11, D.53 and the code), read from ``self.client_sizes`` (set by
+   :class:`~lightning_fedhet.FedHetStrategy` after :meth:`setup`); when that is ``None`` (another runtime, unit
+   tests) the topology's ``data_fraction`` is used (only ratios of sizes enter the rule). ``|D_{e,p}|`` is over
+   ``C_e`` as defined above, which is exactly the code's ``e_ds_size`` for the experiments' parametrisation.
+5. *Projection and server step.* No projection (the set ``W`` of the analysis is never specified; the code has
+   none); ``server_lr`` (``eta_s``) is free, default 1 as in the code.
+6. *FLOPS Prop.* ``flops_schedule="static"`` (default) is the thesis's description, ``Lt_e ∝ F_e``.
+   ``"warmup"`` is the code's SDN schedule ``Lt_e(t) = min(0.01 (t + 1), F_e / F_E)``, normalised, ``t`` the
+   0-based round (equal weights at round 0, the static ratios' shape only after ``~100`` rounds).
+   ``F_e`` is whatever cost per exit the caller passes (e.g. ``EarlyExitNet.exit_flops((1, 28, 28))``, MACs);
+   only ratios matter.
+7. *Balanced Adj.* ``grad_variance`` is ``sigma2_e`` per exit. The default reproduces the released code, which
+   uses Table D.1's CIFAR10 entries ``v = (0.00374, 0.00224, 0.00101)`` **squared** (``sigma2_e = v_e^2``, as if
+   the table listed standard deviations): :data:`BALANCED_SIGMA2` ``["cifar10"]``; ``"cifar100"`` is also
+   available. The code hard-codes ``sum (|D_i|/|D_e|)^2`` to the equal 4-2-1 tree (``0.25, 0.5, 1``); here it is
+   computed from the actual sizes over ``C_e``, which gives the same values on the 7-node tree for every preset
+   partition when ``p = 0`` (shares are split evenly within a layer) and differs on the 17-node tree or with
+   ``p > 0``. Spec §2.4's example, 80-15-5 CIFAR10: ``Lt ≈ (0.486, 0.195, 0.319)``.
+8. *Partial participation and losses.* ``p`` is the exit distribution **given** that node ``i`` is selected
+   (``select`` keeps every available node by default; the thesis runs use full participation). With
+   ``correct_participation=True`` the weight is also divided by ``RoundContext.participation_probs[i]``, so the
+   pair probability of Algorithm 6 line 4 is ``q_i p_{i,e}``. A lost or rejected update just contributes nothing
+   (no renormalisation), as in line 11.
+9. *Sub-models and BatchNorm.* FedCIS does not mask coordinates: it relies on the client leaving the parameters
+   deeper than its trained exit untouched (zero delta), which :class:`~lightning_fedhet.EarlyExitClassifier` does
+   (its forward stops at exit ``e``). BatchNorm running means/variances are floating buffers, part of the flat
+   vector (:class:`~lightning_fedhet.flat.FlatModel`), so they are aggregated with the same weights (as in the
+   code); the integer ``num_batches_tracked`` is not aggregated (unused with the default BN momentum).
+
+Exit draws happen in :meth:`select` with the round's generator (one uniform per node, for every node, so the draws
+are a pure function of the seed and the round) and reach the client through :meth:`client_config`
+(``{"train_exit": e}``). A strategy-level ``selection=`` bypasses :meth:`select`, which :meth:`open_round` reports.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.cis import CISTopology
+
+__all__ = [
+    "FedCIS",
+    "sampling_matrix",
+    "code_sampling_matrix",
+    "lambda_tilde_weights",
+    "TABLE_D1",
+    "BALANCED_SIGMA2",
+    "LAMBDA_TILDE_STRATEGIES",
+]
+
+LAMBDA_TILDE_STRATEGIES = ("serving_rate", "equal", "flops", "balanced")
+PROB_WEIGHTINGS = ("inverse", "direct")
+FLOPS_SCHEDULES = ("static", "warmup")
+#: Step of the code's FLOPS-Prop warm-up: ``tau(t) = FLOPS_WARMUP_RATE * (t + 1)``.
+FLOPS_WARMUP_RATE = 0.01
+
+#: Thesis Table D.1, per-exit gradient "variance" of the 3-exit ResNet-18 (CIFAR10 exits 3/9/17, CIFAR100 9/13/17).
+TABLE_D1: dict[str, tuple[float, float, float]] = {
+    "cifar10": (0.00374, 0.00224, 0.00101),
+    "cifar100": (0.00216, 0.00126, 0.00101),
+}
+#: ``sigma2_e`` that the released code uses for Balanced Adj: Table D.1 entries squared.
+BALANCED_SIGMA2: dict[str, tuple[float, ...]] = {k: tuple(v * v for v in vals) for k, vals in TABLE_D1.items()}
+
+_ROW_TOL = 1e-6
+
+
+def sampling_matrix(topology: CISTopology, p: float) -> Tensor:
+    """The thesis's exit-sampling matrix ``[N, E]`` (float64): ``p_{i,e} = p`` for ``e < E_i``,
+    ``p_{i,E_i} = 1 - (E_i - 1) p`` and 0 beyond ``E_i``.
+
+    Raises ``ValueError`` unless ``0 <= p`` and ``(E_i - 1) p <= 1`` for every node.
+    """
+    e_max = max(topology.max_exit)
+    p_max = 1.0 if e_max <= 1 else 1.0 / (e_max - 1)
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= p_max + 1e-12:
+        raise ValueError(
+            f"p must be a number in [0, {p_max:.6g}] (= 1/(max E_i - 1), so that p_(i,E_i) = 1 - (E_i - 1) p >= 0), "
+            f"got {p!r}"
+        )
+    p = min(float(p), p_max)
+    mat = torch.zeros(topology.num_nodes, topology.num_exits, dtype=torch.float64)
+    for i, ei in enumerate(topology.max_exit):
+        mat[i, : ei - 1] = p
+        mat[i, ei - 1] = max(0.0, 1.0 - (ei - 1) * p)
+    return mat
+
+
+def code_sampling_matrix(topology: CISTopology, smaller_exit_prob: Mapping[int, float]) -> Tensor:
+    """The released code's convention ``--sampled-probability-per-layer a-b`` as an ``[N, E]`` matrix.
+
+    A node with largest exit ``E_i`` trains a smaller exit with total probability ``smaller_exit_prob[E_i]``
+    (0 when missing), chosen uniformly among ``1..E_i - 1``, and its own exit ``E_i`` otherwise; nodes with
+    ``E_i = 1`` always train exit 1. The code's ``0.4-0.8`` on the 3-exit tree is ``{2: 0.4, 3: 0.8}``.
+    """
+    if not isinstance(smaller_exit_prob, Mapping):
+        raise ValueError(f"smaller_exit_prob must map E_i -> probability, got {smaller_exit_prob!r}")
+    for k, v in smaller_exit_prob.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
+            raise ValueError(f"smaller_exit_prob[{k!r}] must be a probability in [0, 1], got {v!r}")
+    mat = torch.zeros(topology.num_nodes, topology.num_exits, dtype=torch.float64)
+    for i, ei in enumerate(topology.max_exit):
+        a = float(smaller_exit_prob.get(ei, 0.0)) if ei > 1 else 0.0
+        if ei > 1:
+            mat[i, : ei - 1] = a / (ei - 1)
+        mat[i, ei - 1] = 1.0 - a
+    return mat
+
+
+def _check_p_matrix(p, topology: CISTopology) -> Tensor:
+    n, e = topology.num_nodes, topology.num_exits
+    try:
+        mat = torch.as_tensor(p, dtype=torch.float64).clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"p must be a number or an [N, E] = [{n}, {e}] matrix, got {p!r}") from err
+    if mat.shape != (n, e):
+        raise ValueError(f"p must be a number or an [N, E] = [{n}, {e}] matrix, got shape {tuple(mat.shape)}")
+    if not torch.isfinite(mat).all() or (mat < 0).any() or (mat > 1).any():
+        raise ValueError(f"p entries must be probabilities in [0, 1], got {mat.tolist()}")
+    sums = mat.sum(dim=1)
+    bad = torch.nonzero((sums - 1).abs() > _ROW_TOL).flatten().tolist()
+    if bad:
+        raise ValueError(
+            f"each row of p must sum to 1 (one exit per node per round): row {bad[0]} sums to {float(sums[bad[0]])}"
+        )
+    for i, ei in enumerate(topology.max_exit):
+        if (mat[i, ei:] > 0).any():
+            raise ValueError(f"p[{i}] gives positive probability to exits beyond node {i}'s largest exit E_i={ei}")
+    return mat / sums[:, None]
+
+
+def _check_weights(name: str, values, length: int, positive: bool = False) -> Tensor:
+    try:
+        v = torch.as_tensor(values, dtype=torch.float64).flatten().clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must be {length} non-negative numbers (one per exit), got {values!r}") from err
+    if v.numel() != length:
+        raise ValueError(f"{name} must have one entry per exit ({length}), got {v.numel()}")
+    if not torch.isfinite(v).all() or (v < 0).any() or (positive and (v <= 0).any()):
+        kind = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be finite and {kind}, got {v.tolist()}")
+    if float(v.sum()) <= 0:
+        raise ValueError(f"{name} must not be all zero, got {v.tolist()}")
+    return v
+
+
+def lambda_tilde_weights(
+    strategy: str,
+    topology: CISTopology,
+    p_matrix: Tensor | None = None,
+    sizes: Tensor | None = None,
+    flops: Sequence[float] | Tensor | None = None,
+    flops_schedule: str = "static",
+    grad_variance: Sequence[float] | Tensor | None = None,
+    round: int = 0,
+) -> Tensor:
+    """``Lambda-tilde`` (shape ``[E]``, float64, sums to 1) of a named strategy (see the module docstring).
+
+    ``p_matrix`` (default: ``p = 0``) and ``sizes`` (``|D_i|``, default: ``topology.data_fraction``) only matter for
+    ``"balanced"``; ``round`` only for ``"flops"`` with the ``"warmup"`` schedule.
+    """
+    num_exits = topology.num_exits
+    if strategy == "serving_rate":
+        return topology.serving_rates(normalize=True)
+    if strategy == "equal":
+        return torch.full((num_exits,), 1.0 / num_exits, dtype=torch.float64)
+    if strategy == "flops":
+        if flops is None:
+            raise ValueError("lambda_tilde='flops' needs flops= (cost of each exit, e.g. EarlyExitNet.exit_flops(...))")
+        f = _check_weights("flops", flops, num_exits, positive=True)
+        if flops_schedule == "static":
+            return f / f.sum()
+        if flops_schedule == "warmup":
+            w = torch.clamp(f / f[-1], max=FLOPS_WARMUP_RATE * (int(round) + 1))
+            return w / w.sum()
+        raise ValueError(f"flops_schedule must be one of {FLOPS_SCHEDULES}, got {flops_schedule!r}")
+    if strategy == "balanced":
+        if grad_variance is None:
+            if num_exits != 3:
+                raise ValueError(
+                    f"lambda_tilde='balanced' has default gradient variances only for 3 exits (Table D.1); pass "
+                    f"grad_variance= with {num_exits} values"
+                )
+            grad_variance = BALANCED_SIGMA2["cifar10"]
+        elif isinstance(grad_variance, str):
+            if grad_variance not in BALANCED_SIGMA2:
+                raise ValueError(
+                    f"grad_variance must be one of {sorted(BALANCED_SIGMA2)} or numbers, got {grad_variance!r}"
+                )
+            grad_variance = BALANCED_SIGMA2[grad_variance]
+        sigma2 = _check_weights("grad_variance", grad_variance, num_exits, positive=True)
+        mat = sampling_matrix(topology, 0.0) if p_matrix is None else p_matrix
+        d = topology.data_fraction if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
+        holders = mat > 0  # [N, E]: C_e
+        d_e = (d[:, None] * holders).sum(0)  # |D_{e,p}|
+        share = torch.where(d_e > 0, d[:, None] / d_e.clamp_min(1e-300), torch.zeros_like(mat)) * holders
+        conc = (share**2).sum(0)  # sum_{i in C_e} (|D_i| / |D_{e,p}|)^2
+        o = torch.where(conc > 0, 1.0 / (sigma2 * conc.clamp_min(1e-300)), torch.zeros_like(conc))
+        if float(o.sum()) <= 0:
+            raise ValueError("lambda_tilde='balanced': no exit has training data")
+        lam = topology.serving_rates(normalize=True)
+        w = 0.5 * (lam + o / o.sum())
+        return w / w.sum()
+    raise ValueError(
+        f"lambda_tilde must be one of {LAMBDA_TILDE_STRATEGIES} or a tensor of {num_exits} weights, got {strategy!r}"
+    )
+
+
+class FedCIS(Algorithm):
+    """Fed-CIS server rule (Algorithm 6): each node trains one sampled exit; weights ``Lt_e |D_i|/|D_{e,p}| / p_ie``.
+
+    Args:
+        topology: the CIS tree; its nodes are the clients (``num_clients`` must equal ``topology.num_nodes``) and
+            ``topology.max_exit`` gives ``E_i``.
+        lambda_tilde: ``"serving_rate"`` (default), ``"equal"``, ``"flops"``, ``"balanced"`` or a tensor of ``E``
+            non-negative weights (see module docstring).
+        p: scalar ``p`` of the thesis's parametrisation (probability of training **each** smaller exit; 0 = every
+            node trains its largest exit), or an ``[N, E]`` matrix of ``p_{i,e}`` whose rows sum to 1 and are 0
+            beyond ``E_i`` (:func:`code_sampling_matrix` builds the released code's convention).
+        server_lr: ``eta_s > 0``.
+        flops: per-exit cost ``[E]`` (> 0), required by ``lambda_tilde="flops"``.
+        flops_schedule: ``"static"`` (thesis) or ``"warmup"`` (released code), for ``lambda_tilde="flops"``.
+        grad_variance: ``sigma2_e`` per exit for ``"balanced"`` (numbers, or ``"cifar10"``/``"cifar100"`` for the
+            code's constants); default ``"cifar10"`` when ``E = 3``.
+        prob_weighting: ``"inverse"`` (``÷ p_{i,e}``, thesis, default) or ``"direct"`` (``× p_{i,e}``, code).
+        normalize: normalise an explicit ``lambda_tilde`` tensor to sum 1 (named strategies always are).
+        correct_participation: also divide by the node's selection probability
+            (``RoundContext.participation_probs``); only useful under partial participation.
+
+    Attributes:
+        p_matrix: ``[N, E]`` float64 exit-sampling probabilities.
+        exits: int64 ``[N]``, exit (1-based) each node draws in the current round (0 before the first draw).
+        last_exits: ``{client: exit}`` of the updates absorbed in the last closed round.
+        last_lambda_tilde: ``[E]`` weights used in the last opened round.
+
+    Example (7-node tree, 80-15-5: ``Lt = (0.8, 0.15, 0.05)``)::
+
+        algo = FedCIS(CISTopology.preset("7-node", "80-15-5"), lambda_tilde="serving_rate", p=0.0)
+        strategy = FedHetStrategy(algorithm=algo, local_steps=10)
+        # with an EarlyExitClassifier, node i trains exit E_i each round
+    """
+
+    def __init__(
+        self,
+        topology: CISTopology,
+        lambda_tilde: str | Sequence[float] | Tensor = "serving_rate",
+        p: float | Sequence[Sequence[float]] | Tensor = 0.0,
+        server_lr: float = 1.0,
+        flops: Sequence[float] | Tensor | None = None,
+        flops_schedule: str = "static",
+        grad_variance: str | Sequence[float] | Tensor | None = None,
+        prob_weighting: str = "inverse",
+        normalize: bool = True,
+        correct_participation: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(topology, CISTopology):
+            raise ValueError(f"topology must be a CISTopology, got {type(topology).__name__}")
+        if isinstance(server_lr, bool) or not isinstance(server_lr, numbers.Real) or not server_lr > 0:
+            raise ValueError(f"server_lr must be a number > 0, got {server_lr!r}")
+        if not math.isfinite(float(server_lr)):
+            raise ValueError(f"server_lr must be finite, got {server_lr!r}")
+        if prob_weighting not in PROB_WEIGHTINGS:
+            raise ValueError(f"prob_weighting must be one of {PROB_WEIGHTINGS}, got {prob_weighting!r}")
+        if flops_schedule not in FLOPS_SCHEDULES:
+            raise ValueError(f"flops_schedule must be one of {FLOPS_SCHEDULES}, got {flops_schedule!r}")
+        self.topology = topology
+        self.num_exits = topology.num_exits
+        self.server_lr = float(server_lr)
+        self.prob_weighting = prob_weighting
+        self.flops_schedule = flops_schedule
+        self.normalize = bool(normalize)
+        self.correct_participation = bool(correct_participation)
+
+        if isinstance(p, numbers.Real) and not isinstance(p, bool):
+            self.p = float(p)
+            self.p_matrix = sampling_matrix(topology, p)
+        elif isinstance(p, bool):
+            raise ValueError(f"p must be a number or an [N, E] matrix, got {p!r}")
+        else:
+            self.p = None
+            self.p_matrix = _check_p_matrix(p, topology)
+
+        self.flops = None if flops is None else _check_weights("flops", flops, self.num_exits, positive=True)
+        self.grad_variance = grad_variance
+        if isinstance(lambda_tilde, str):
+            if lambda_tilde not in LAMBDA_TILDE_STRATEGIES:
+                raise ValueError(
+                    f"lambda_tilde must be one of {LAMBDA_TILDE_STRATEGIES} or a tensor of {self.num_exits} weights, "
+                    f"got {lambda_tilde!r}"
+                )
+            self.lambda_tilde = lambda_tilde
+            self._fixed_lt = None
+            # validate the strategy's own arguments now (sizes are checked again once known)
+            self._lambda_tilde_at(0, None)
+        else:
+            lt = _check_weights("lambda_tilde", lambda_tilde, self.num_exits)
+            self.lambda_tilde = "custom"
+            self._fixed_lt = lt / lt.sum() if self.normalize else lt
+
+        self.exits = torch.zeros(topology.num_nodes, dtype=torch.int64)
+        self._draw_round: int | None = None
+        self._coef: Tensor | None = None
+        self._sum: Tensor | None = None
+        self._added: dict[int, float] = {}
+        self.last_exits: dict[int, int] = {}
+        self.last_lambda_tilde: Tensor | None = None
+
+    # ------------------------------------------------------------------ weights
+    def hparams(self) -> dict:
+        lt = self.lambda_tilde if self._fixed_lt is None else [round(float(v), 6) for v in self._fixed_lt]
+        return {
+            "lambda_tilde": lt,
+            "p": self.p if self.p is not None else "matrix",
+            "server_lr": self.server_lr,
+            "prob_weighting": self.prob_weighting,
+            "flops_schedule": self.flops_schedule,
+            "correct_participation": self.correct_participation,
+        }
+
+    def _sizes(self) -> Tensor:
+        if self.client_sizes is not None:
+            sizes = torch.as_tensor(self.client_sizes, dtype=torch.float64).flatten()
+            if sizes.numel() != self.topology.num_nodes or (sizes < 0).any():
+                raise ValueError(
+                    f"client_sizes must hold |D_i| >= 0 for the {self.topology.num_nodes} nodes, got {sizes.tolist()}"
+                )
+            return sizes
+        return self.topology.data_fraction.clone()
+
+    def _lambda_tilde_at(self, round: int, sizes: Tensor | None) -> Tensor:
+        if self._fixed_lt is not None:
+            return self._fixed_lt.clone()
+        return lambda_tilde_weights(
+            self.lambda_tilde,
+            self.topology,
+            p_matrix=self.p_matrix,
+            sizes=sizes,
+            flops=self.flops,
+            flops_schedule=self.flops_schedule,
+            grad_variance=self.grad_variance,
+            round=round,
+        )
+
+    def lambda_tilde_at(self, round: int = 0) -> Tensor:
+        """``Lt`` (shape ``[E]``) used in round ``round`` with the current ``client_sizes``."""
+        return self._lambda_tilde_at(round, self._sizes())
+
+    def exit_data_sizes(self) -> Tensor:
+        """``|D_{e,p}| = sum_{i : p_{i,e} > 0} |D_i|`` per exit, shape ``[E]`` (float64)."""
+        return (self._sizes()[:, None] * (self.p_matrix > 0)).sum(0)
+
+    def pair_weights(self, round: int = 0) -> Tensor:
+        """``[N, E]``: weight ``Lt_e |D_i| / |D_{e,p}| * (1/p_{i,e} or p_{i,e})`` (without ``server_lr``); 0 where
+        ``p_{i,e} = 0``."""
+        sizes = self._sizes()
+        lt = self._lambda_tilde_at(round, sizes)
+        holders = self.p_matrix > 0
+        d_e = (sizes[:, None] * holders).sum(0)
+        share = torch.where(d_e > 0, sizes[:, None] / d_e.clamp_min(1e-300), torch.zeros_like(self.p_matrix))
+        if self.prob_weighting == "inverse":
+            prob = torch.where(holders, 1.0 / self.p_matrix.clamp_min(1e-300), torch.zeros_like(self.p_matrix))
+        else:
+            prob = self.p_matrix
+        return lt[None, :] * share * prob * holders
+
+    # ------------------------------------------------------------------ round
+    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
+        if int(num_clients) != self.topology.num_nodes:
+            raise ValueError(
+                f"num_clients={num_clients} but the topology has {self.topology.num_nodes} nodes (client i = node i)"
+            )
+        super().setup(num_clients, init_params, client_weights)
+        self.exits = torch.zeros(self.num_clients, dtype=torch.int64)
+        self._draw_round = None
+
+    def select(self, round: int, available: Tensor, rng: np.random.Generator) -> Tensor:
+        """Keep every available node and draw each node's exit ``e ~ p_{i,.}`` (one uniform per node, all nodes)."""
+        u = np.asarray(rng.random(self.topology.num_nodes), dtype=np.float64)
+        cum = np.cumsum(self.p_matrix.numpy(), axis=1)
+        idx = (u[:, None] >= cum).sum(axis=1)  # first e with cum_e > u (0-based)
+        last_pos = self.p_matrix.shape[1] - 1 - np.argmax((self.p_matrix.numpy() > 0)[:, ::-1], axis=1)
+        idx = np.minimum(idx, last_pos)  # rounding guard: cum[-1] may fall a hair below 1
+        self.exits = torch.from_numpy(idx.astype(np.int64) + 1)
+        self._draw_round = int(round)
+        return torch.as_tensor(available).clone().to(torch.bool)
+
+    def client_config(self, client: int) -> dict:
+        if self._draw_round is None:
+            raise RuntimeError("FedCIS.client_config() called before select() drew this round's exits")
+        return {"train_exit": int(self.exits[client])}
+
+    def open_round(self, round: int, ctx: RoundContext | None) -> None:
+        super().open_round(round, ctx)
+        if self._draw_round != int(round):
+            raise RuntimeError(
+                f"FedCIS draws each node's exit in select(), but select() was not called for round {round}: do not "
+                "pass a strategy-level selection= with FedCIS (it keeps every available node)"
+            )
+        weights = self.pair_weights(round)
+        self.last_lambda_tilde = self._lambda_tilde_at(round, self._sizes())
+        coef = weights[torch.arange(self.num_clients), self.exits - 1]
+        if self.correct_participation:
+            probs = None if ctx is None else ctx.participation_probs
+            if probs is None:
+                raise ValueError("correct_participation=True needs RoundContext.participation_probs (the true q_i)")
+            probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+            if (
+                probs.numel() != self.num_clients
+                or not torch.isfinite(probs).all()
+                or (probs <= 0).any()
+                or (probs > 1).any()
+            ):
+                raise ValueError("correct_participation=True needs participation_probs in (0, 1] for every node")
+            coef = coef / probs
+        self._coef = coef
+        self._sum = torch.zeros_like(self.params)
+        self._added = {}
+
+    def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
+        if self._sum is None:
+            raise RuntimeError("add() called without open_round()")
+        self._check_client(client, delta)
+        if client in self._added:
+            raise ValueError(f"client {client} already added in this round")
+        w = float(self._coef[client])
+        self._added[client] = w
+        self._sum.add_(delta.to(self._sum), alpha=w)
+
+    def close_round(self) -> Tensor:
+        if self._sum is None:
+            raise RuntimeError("close_round() called without open_round()")
+        self.last_weights = dict(self._added)
+        self.last_exits = {c: int(self.exits[c]) for c in self._added}
+        if self._added:
+            self.params = self.params + self.server_lr * self._sum
+        self._sum = None
+        return self.params
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.update(
+            {
+                "exits": self.exits.clone(),
+                "draw_round": self._draw_round,
+                "last_exits": dict(self.last_exits),
+            }
+        )
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.exits = state["exits"].clone()
+        self._draw_round = state["draw_round"]
+        self.last_exits = dict(state.get("last_exits", {}))

@@ -1,0 +1,359 @@
+"""FedCIS (thesis ch. 5, Algorithm 6): hand-computed aggregation, exit sampling, validation, state, end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import quiet_trainer
+from lightning_fedhet.model_zoo import early_exit_resnet18
+from torch.utils.data import TensorDataset
+
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.algorithms.base import ClientInfo
+from lightning_fedhet.algorithms.fedcis import (
+    FedCIS,
+    code_sampling_matrix,
+    lambda_tilde_weights,
+    sampling_matrix,
+)
+from lightning_fedhet.cis import CISTopology
+from lightning_fedhet.early_exit_module import EarlyExitClassifier
+from lightning_fedhet.flat import FlatModel
+
+INFO = ClientInfo(num_samples=1, local_steps=1)
+
+
+class FixedUniforms:
+    """Stands in for the round's numpy Generator: ``random(n)`` returns preset uniforms (to force exit draws)."""
+
+    def __init__(self, u):
+        self.u = np.asarray(u, dtype=np.float64)
+
+    def random(self, n):
+        assert n == len(self.u)
+        return self.u.copy()
+
+
+def three_node_topology() -> CISTopology:
+    # root 0 (E=2) with leaves 1, 2 (E=1). Requests arrive at the leaves (1 each), each leaf forwards 0.25:
+    # leaves serve 0.75 each -> Lambda_1 = 1.5, root serves 0.5 -> Lambda_2 = 0.5; normalised (0.75, 0.25).
+    return CISTopology([[1, 2], [], []], [2, 1, 1], arrival=[0.0, 1.0, 1.0], transfer_cap=[0.0, 0.25, 0.25])
+
+
+# deltas over d = 3 coordinates: [shared prefix, head of exit 1, parameters of exit 2 only]
+D_LEAF1 = torch.tensor([1.0, 2.0, 0.0])
+D_LEAF2 = torch.tensor([3.0, -1.0, 0.0])
+D_ROOT_EXIT2 = torch.tensor([2.0, 0.0, 4.0])
+D_ROOT_EXIT1 = torch.tensor([2.0, 4.0, 0.0])  # a root training exit 1 leaves the exit-2-only coordinate alone
+
+
+def run_round(algo: FedCIS, u, deltas: dict[int, torch.Tensor], sizes=(6, 2, 4)) -> torch.Tensor:
+    if algo.params is None:
+        algo.setup(3, torch.ones(3))
+        algo.client_sizes = torch.tensor(sizes, dtype=torch.int64)  # |D_0| = 6, |D_1| = 2, |D_2| = 4
+    algo.select(0, torch.ones(3, dtype=torch.bool), FixedUniforms(u))
+    algo.open_round(0, None)
+    for c, d in deltas.items():
+        algo.add(c, d, INFO)
+    return algo.close_round()
+
+
+def test_hand_computed_p0_serving_rate_and_equal():
+    topo = three_node_topology()
+    assert torch.allclose(topo.serving_rates(normalize=True), torch.tensor([0.75, 0.25], dtype=torch.float64))
+    deltas = {0: D_ROOT_EXIT2, 1: D_LEAF1, 2: D_LEAF2}
+
+    # Serving Rate, p = 0. |D_{1,p}| = |D_1| + |D_2| = 6, |D_{2,p}| = |D_0| = 6, all p_{i,E_i} = 1.
+    # weights: leaf1 0.75 * 2/6 = 0.25, leaf2 0.75 * 4/6 = 0.5, root 0.25 * 6/6 = 0.25
+    # update = 0.25*[1,2,0] + 0.5*[3,-1,0] + 0.25*[2,0,4] = [0.25+1.5+0.5, 0.5-0.5, 1] = [2.25, 0, 1]
+    # w = [1,1,1] + update = [3.25, 1, 2]
+    algo = FedCIS(topo, lambda_tilde="serving_rate", p=0.0)
+    w = run_round(algo, [0.9, 0.9, 0.9], deltas)
+    assert algo.exits.tolist() == [2, 1, 1]
+    assert algo.client_config(0) == {"train_exit": 2} and algo.client_config(1) == {"train_exit": 1}
+    torch.testing.assert_close(w, torch.tensor([3.25, 1.0, 2.0]), atol=1e-6, rtol=0)
+    assert algo.last_weights == pytest.approx({0: 0.25, 1: 0.25, 2: 0.5}, abs=1e-12)
+    assert algo.last_exits == {0: 2, 1: 1, 2: 1}
+
+    # Equal Weight: Lt = (0.5, 0.5). leaf1 0.5 * 2/6 = 1/6, leaf2 0.5 * 4/6 = 1/3, root 0.5 * 6/6 = 1/2
+    # update = [1/6 + 1 + 1, 1/3 - 1/3, 2] = [13/6, 0, 2];  w = [19/6, 1, 3]
+    algo = FedCIS(topo, lambda_tilde="equal", p=0.0)
+    w = run_round(algo, [0.9, 0.9, 0.9], deltas)
+    torch.testing.assert_close(w, torch.tensor([19 / 6, 1.0, 3.0]), atol=1e-6, rtol=0)
+
+    # server_lr = 0.5 halves the Serving-Rate update: w = [1,1,1] + 0.5*[2.25, 0, 1] = [2.125, 1, 1.5]
+    algo = FedCIS(topo, lambda_tilde="serving_rate", p=0.0, server_lr=0.5)
+    w = run_round(algo, [0.9, 0.9, 0.9], deltas)
+    torch.testing.assert_close(w, torch.tensor([2.125, 1.0, 1.5]), atol=1e-6, rtol=0)
+
+
+def test_hand_computed_p_positive():
+    topo = three_node_topology()
+    # p = 0.25: root row (p_{0,1}, p_{0,2}) = (0.25, 0.75); leaves (1, 0).
+    # C_1 = {0, 1, 2} -> |D_{1,p}| = 6 + 2 + 4 = 12;  C_2 = {0} -> |D_{2,p}| = 6.
+    algo = FedCIS(topo, lambda_tilde="serving_rate", p=0.25)
+    assert algo.p_matrix.tolist() == [[0.25, 0.75], [1.0, 0.0], [1.0, 0.0]]
+
+    # (a) root draws exit 1 (u_0 = 0.1 < 0.25). Weights (inverse probability):
+    #     leaf1 0.75 * 2/12 / 1 = 0.125, leaf2 0.75 * 4/12 = 0.25, root 0.75 * 6/12 / 0.25 = 1.5
+    #     update = 0.125*[1,2,0] + 0.25*[3,-1,0] + 1.5*[2,4,0] = [0.125+0.75+3, 0.25-0.25+6, 0] = [3.875, 6, 0]
+    #     w = [4.875, 7, 1]
+    w = run_round(algo, [0.1, 0.5, 0.5], {0: D_ROOT_EXIT1, 1: D_LEAF1, 2: D_LEAF2})
+    assert algo.exits.tolist() == [1, 1, 1]
+    torch.testing.assert_close(w, torch.tensor([4.875, 7.0, 1.0]), atol=1e-6, rtol=0)
+    assert algo.last_weights[0] == pytest.approx(1.5)
+
+    # (b) root draws exit 2 (u_0 = 0.5 >= 0.25): root weight 0.25 * 6/6 / 0.75 = 1/3
+    #     update = [0.125 + 0.75 + 2/3, 0.25 - 0.25 + 0, 4/3] = [1.5416667, 0, 1.3333333]
+    #     w = [2.5416667, 1, 2.3333333]
+    algo = FedCIS(topo, lambda_tilde="serving_rate", p=0.25)
+    w = run_round(algo, [0.5, 0.5, 0.5], {0: D_ROOT_EXIT2, 1: D_LEAF1, 2: D_LEAF2})
+    assert algo.exits.tolist() == [2, 1, 1]
+    torch.testing.assert_close(w, torch.tensor([1 + 0.875 + 2 / 3, 1.0, 1 + 4 / 3]), atol=1e-6, rtol=0)
+
+    # (c) released-code weighting (x p instead of / p), root on exit 1: root 0.75 * 6/12 * 0.25 = 0.09375
+    #     update = [0.125 + 0.75 + 0.1875, 0.25 - 0.25 + 0.375, 0] = [1.0625, 0.375, 0];  w = [2.0625, 1.375, 1]
+    algo = FedCIS(topo, lambda_tilde="serving_rate", p=0.25, prob_weighting="direct")
+    w = run_round(algo, [0.1, 0.5, 0.5], {0: D_ROOT_EXIT1, 1: D_LEAF1, 2: D_LEAF2})
+    torch.testing.assert_close(w, torch.tensor([2.0625, 1.375, 1.0]), atol=1e-6, rtol=0)
+
+
+def test_missing_update_is_not_renormalised_and_explicit_lambda_tilde():
+    topo = three_node_topology()
+    # Lt given as (3, 1) -> normalised (0.75, 0.25), same as Serving Rate here. Leaf 2's update is lost:
+    # update = 0.25*[1,2,0] + 0.25*[2,0,4] = [0.75, 0.5, 1];  w = [1.75, 1.5, 2]
+    algo = FedCIS(topo, lambda_tilde=torch.tensor([3.0, 1.0]), p=0.0)
+    w = run_round(algo, [0.0, 0.0, 0.0], {0: D_ROOT_EXIT2, 1: D_LEAF1})
+    torch.testing.assert_close(w, torch.tensor([1.75, 1.5, 2.0]), atol=1e-6, rtol=0)
+    assert set(algo.last_weights) == {0, 1}
+    # normalize=False uses the weights as given: update = 3*(2/6)*[1,2,0] + 1*(6/6)*[2,0,4] = [3, 2, 4]
+    algo = FedCIS(topo, lambda_tilde=[3.0, 1.0], p=0.0, normalize=False)
+    w = run_round(algo, [0.0, 0.0, 0.0], {0: D_ROOT_EXIT2, 1: D_LEAF1})
+    torch.testing.assert_close(w, torch.tensor([4.0, 3.0, 5.0]), atol=1e-6, rtol=0)
+
+
+def test_sizes_fall_back_to_topology_data_fraction():
+    # no client_sizes: |D_i| ∝ data_fraction = (0.5, 0.25, 0.25) -> leaf weights 0.75 * 1/2 each, root 0.25
+    topo = CISTopology([[1, 2], [], []], [2, 1, 1], [0, 1, 1], [0, 0.25, 0.25], data_fraction=[2, 1, 1])
+    algo = FedCIS(topo)
+    algo.setup(3, torch.zeros(3))
+    algo.select(0, torch.ones(3, dtype=torch.bool), FixedUniforms([0, 0, 0]))
+    algo.open_round(0, None)
+    for c in range(3):
+        algo.add(c, torch.ones(3), INFO)
+    torch.testing.assert_close(algo.close_round(), torch.full((3,), 0.375 + 0.375 + 0.25))
+
+
+def test_exit_draws_follow_p():
+    topo = CISTopology.preset("7-node", "80-15-5")
+    algo = FedCIS(topo, p=0.2)
+    # thesis parametrisation: mid nodes (E=2) (0.2, 0.8, 0), root (E=3) (0.2, 0.2, 0.6), leaves (1, 0, 0)
+    expected = sampling_matrix(topo, 0.2)
+    assert expected[0].tolist() == pytest.approx([0.2, 0.2, 0.6])
+    assert expected[1].tolist() == pytest.approx([0.2, 0.8, 0])
+    algo.setup(7, torch.zeros(2))
+    rounds = 4000
+    counts = torch.zeros(7, 3)
+    for t in range(rounds):
+        algo.select(t, torch.ones(7, dtype=torch.bool), np.random.default_rng([123, t]))
+        counts[torch.arange(7), algo.exits - 1] += 1
+    freq = counts / rounds
+    # binomial std <= sqrt(0.25/4000) = 0.0079; tolerance 0.03 is > 3.7 std for every entry
+    torch.testing.assert_close(freq.double(), expected, atol=0.03, rtol=0)
+    assert (freq[3:, 0] == 1).all()  # leaves only ever train exit 1
+    assert (counts[1:3, 2] == 0).all()  # mid nodes never draw an exit they do not hold
+
+
+def test_code_sampling_matrix_and_lambda_tilde_strategies():
+    topo = CISTopology.preset("7-node", "80-15-5")
+    mat = code_sampling_matrix(topo, {2: 0.4, 3: 0.8})  # the released code's "0.4-0.8"
+    assert mat[0].tolist() == pytest.approx([0.4, 0.4, 0.2]) and mat[1].tolist() == pytest.approx([0.4, 0.6, 0.0])
+    assert mat[3].tolist() == [1.0, 0.0, 0.0]
+    assert torch.allclose(FedCIS(topo, p=mat).p_matrix, mat)
+
+    sr = FedCIS(topo).lambda_tilde_at(0)
+    torch.testing.assert_close(sr, torch.tensor([0.8, 0.15, 0.05], dtype=torch.float64))
+    torch.testing.assert_close(FedCIS(topo, "equal").lambda_tilde_at(0), torch.full((3,), 1 / 3, dtype=torch.float64))
+    # Balanced Adj, spec §2.4 example: o = (0.1718, 0.2394, 0.5888), Lt ≈ (0.486, 0.195, 0.319)
+    bal = FedCIS(topo, "balanced").lambda_tilde_at(0)
+    torch.testing.assert_close(bal, torch.tensor([0.486, 0.195, 0.319], dtype=torch.float64), atol=1e-3, rtol=0)
+    # FLOPS Prop: static = F/sum F; warm-up (code) = min(0.01 (t+1), F/F_E) normalised
+    flops = [1.0, 3.0, 6.0]
+    static = FedCIS(topo, "flops", flops=flops).lambda_tilde_at(0)
+    torch.testing.assert_close(static, torch.tensor([0.1, 0.3, 0.6], dtype=torch.float64))
+    warm = FedCIS(topo, "flops", flops=flops, flops_schedule="warmup")
+    torch.testing.assert_close(warm.lambda_tilde_at(0), torch.full((3,), 1 / 3, dtype=torch.float64))
+    # round 29: tau = 0.3 -> (min(.3, 1/6), min(.3, .5), min(.3, 1)) = (1/6, .3, .3) -> / (23/30)
+    torch.testing.assert_close(
+        warm.lambda_tilde_at(29), torch.tensor([5 / 23, 9 / 23, 9 / 23], dtype=torch.float64), atol=1e-12, rtol=0
+    )
+    torch.testing.assert_close(warm.lambda_tilde_at(500), static)
+    assert torch.allclose(lambda_tilde_weights("serving_rate", topo), sr)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(p=[[0.5, 0.4, 0.0]] + [[1.0, 0.0, 0.0]] * 6), "rows? of p must sum to 1|shape"),
+        (dict(p=torch.tensor([[0.3, 0.3, 0.3]] + [[1.0, 0.0, 0.0]] * 6)), "sum to 1"),
+        (dict(p=torch.tensor([[0.2, 0.2, 0.6], [0.2, 0.8, 0.0], [0.2, 0.8, 0.0]] + [[0.9, 0.1, 0.0]] * 4)), "beyond"),
+        (dict(p=torch.tensor([[1.5, -0.5, 0.0]] + [[1.0, 0.0, 0.0]] * 6)), r"\[0, 1\]"),
+        (dict(p=-0.1), "p must be a number in"),
+        (dict(p=0.6), "p must be a number in"),
+        (dict(p=True), "p must be"),
+        (dict(lambda_tilde=[0.5, 0.5]), "one entry per exit"),
+        (dict(lambda_tilde=[0.5, -0.1, 0.6]), ">= 0"),
+        (dict(lambda_tilde=[0.0, 0.0, 0.0]), "all zero"),
+        (dict(lambda_tilde="fastest"), "lambda_tilde must be one of"),
+        (dict(lambda_tilde="flops"), "needs flops"),
+        (dict(lambda_tilde="flops", flops=[1, 2]), "one entry per exit"),
+        (dict(lambda_tilde="balanced", grad_variance=[1.0, 0.0, 1.0]), "> 0"),
+        (dict(server_lr=0.0), "server_lr"),
+        (dict(prob_weighting="half"), "prob_weighting"),
+        (dict(flops_schedule="linear"), "flops_schedule"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    topo = CISTopology.preset("7-node", "80-15-5")
+    with pytest.raises(ValueError, match=match):
+        FedCIS(topo, **kwargs)
+
+
+def test_bad_usage():
+    topo = three_node_topology()
+    with pytest.raises(ValueError, match="topology must be a CISTopology"):
+        FedCIS("7-node")
+    algo = FedCIS(topo)
+    with pytest.raises(ValueError, match="num_clients=4"):
+        algo.setup(4, torch.zeros(3))
+    algo.setup(3, torch.zeros(3))
+    with pytest.raises(RuntimeError, match="select"):
+        algo.open_round(0, None)  # no exits drawn for this round (e.g. a strategy-level selection=)
+    with pytest.raises(RuntimeError, match="select"):
+        algo.client_config(0)
+    algo.select(0, torch.ones(3, dtype=torch.bool), FixedUniforms([0, 0, 0]))
+    with pytest.raises(RuntimeError, match="select"):
+        algo.open_round(1, None)
+    algo.open_round(0, None)
+    algo.add(1, torch.ones(3), INFO)
+    with pytest.raises(ValueError, match="already added"):
+        algo.add(1, torch.ones(3), INFO)
+    with pytest.raises(ValueError, match="shape"):
+        algo.add(2, torch.ones(4), INFO)
+
+
+def test_state_dict_round_trip():
+    topo = CISTopology.preset("7-node", "80-15-5")
+    gen = torch.Generator().manual_seed(0)
+    deltas = [[torch.randn(5, generator=gen) for _ in range(7)] for _ in range(3)]
+
+    def play(algo, rounds):
+        for t in rounds:
+            algo.select(t, torch.ones(7, dtype=torch.bool), np.random.default_rng([7, t]))
+            algo.open_round(t, None)
+            for c in range(7):
+                algo.add(c, deltas[t][c], INFO)
+            algo.close_round()
+
+    a = FedCIS(topo, "balanced", p=0.2)
+    a.setup(7, torch.zeros(5))
+    a.client_sizes = torch.tensor([40, 20, 20, 10, 10, 10, 10])
+    play(a, [0, 1])
+    b = FedCIS(topo, "balanced", p=0.2)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(b.params, a.params) and torch.equal(b.exits, a.exits) and b.last_exits == a.last_exits
+    assert torch.equal(b.client_sizes, a.client_sizes)
+    play(a, [2])
+    play(b, [2])
+    assert torch.equal(a.params, b.params)
+
+
+class RecordingFedCIS(FedCIS):
+    """FedCIS that keeps every absorbed delta and every client_config it handed out."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deltas: list[dict[int, torch.Tensor]] = []
+        self.configs: list[tuple[int, int]] = []
+
+    def client_config(self, client):
+        cfg = super().client_config(client)
+        self.configs.append((client, cfg["train_exit"]))
+        return cfg
+
+    def open_round(self, round, ctx):
+        super().open_round(round, ctx)
+        self.deltas.append({})
+
+    def add(self, client, delta, info):
+        self.deltas[-1][client] = delta.clone()
+        super().add(client, delta, info)
+
+
+class RecordingEEC(EarlyExitClassifier):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trained_exits: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.trained_exits.append(self.train_exit)
+        return super().training_step(batch, batch_idx)
+
+
+def test_end_to_end_with_strategy_and_early_exit_classifier():
+    torch.manual_seed(0)
+    topo = CISTopology.preset("7-node", "80-15-5")
+    n_per_node, steps, rounds = 8, 2, 2
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7 * n_per_node, 3, 16, 16, generator=gen)
+    y = torch.randint(0, 10, (7 * n_per_node,), generator=gen)
+    data = FederatedDataModule(
+        TensorDataset(x, y), [list(range(i * n_per_node, (i + 1) * n_per_node)) for i in range(7)], batch_size=4
+    )
+    net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4)
+    model = RecordingEEC(model=net, num_classes=10, lr=0.05)
+    algo = RecordingFedCIS(topo, "serving_rate", p=0.3)
+    strategy = FedHetStrategy(algorithm=algo, local_steps=steps, seed=3)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0)
+    trainer.fit(model, datamodule=data)
+
+    assert len(strategy.history) == rounds and len(algo.deltas) == rounds
+    assert algo.client_sizes.tolist() == [n_per_node] * 7
+    # each node trained exactly the exit client_config sent it, for all its local steps (clients run in id order)
+    assert [c for c, _ in algo.configs] == list(range(7)) * rounds
+    assert model.trained_exits == [e for _, e in algo.configs for _ in range(steps)]
+    drawn = [e for _, e in algo.configs]
+    assert any(e < topo.max_exit[c] for c, e in algo.configs)  # seed 3 makes some node train a smaller exit
+    assert all(e == 1 for r in range(rounds) for e in drawn[r * 7 + 3 : r * 7 + 7])  # leaves: exit 1
+    assert all(e in (1, 2) for r in range(rounds) for e in drawn[r * 7 + 1 : r * 7 + 3])  # mid nodes: exits 1, 2
+
+    # flat-vector layout (parameters, then floating buffers) -> which exit needs each coordinate
+    flat = FlatModel(model)
+    names = [n for n, _ in model.named_parameters()] + [n for n, b in model.named_buffers() if b.is_floating_point()]
+    exit_blocks = net.exit_blocks
+
+    def needed_by(name: str) -> int:
+        """Smallest exit whose forward pass uses this tensor (0: not part of the network, e.g. loss weights)."""
+        parts = name.split(".")
+        if parts[0] != "model":
+            return 0
+        idx = int(parts[2])
+        if parts[1] == "heads":
+            return idx + 1
+        return next(e for e, b in enumerate(exit_blocks, start=1) if idx + 1 <= b)
+
+    level = torch.cat([torch.full((k,), needed_by(n)) for n, k in zip(names, flat.numels)])
+    for r in range(rounds):
+        exits = dict(algo.configs[r * 7 : (r + 1) * 7])
+        for client, delta in algo.deltas[r].items():
+            e = exits[client]
+            assert strategy.history[r]["weights"][client] == pytest.approx(float(algo.pair_weights(r)[client, e - 1]))
+            # parameters (and BN statistics) deeper than the trained exit got exactly zero delta
+            assert torch.count_nonzero(delta[level > e]) == 0, (r, client, e)
+            # the trained exit's own head moved
+            head = torch.tensor([n.startswith(f"model.heads.{e - 1}.") for n in names])
+            head_mask = torch.cat([torch.full((k,), bool(h)) for h, k in zip(head, flat.numels)])
+            assert torch.count_nonzero(delta[head_mask]) > 0, (r, client, e)
+    leaf_deltas = [algo.deltas[r][c] for r in range(rounds) for c in range(3, 7)]
+    assert all(torch.count_nonzero(d[level > 1]) == 0 for d in leaf_deltas)
