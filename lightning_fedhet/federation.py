@@ -114,7 +114,7 @@ class Federation:
             # The "system oracle" of FedACS-style samplers: this round's link reliability and local work.
             self.algorithm.observe_system(
                 round,
-                success_probs=None if self.channel is None else self.channel.success_probs,
+                success_probs=self.success_probs(round),
                 local_steps=torch.from_numpy(steps),
                 participation_probs=self.participation_probs,
             )
@@ -161,9 +161,17 @@ class Federation:
             return torch.full((self.num_clients,), self.selection.k / self.num_clients, dtype=torch.float64)
         return None
 
+    def success_probs(self, round: int) -> Tensor | None:
+        """The channel's per-client success probability in round ``round`` (None without a channel)."""
+        if self.channel is None:
+            return None
+        if hasattr(self.channel, "success_probs_at"):
+            return self.channel.success_probs_at(round)
+        return getattr(self.channel, "success_probs", None)
+
     def context(self, plan: RoundPlan) -> RoundContext:
         """What the server knows when it opens the round."""
-        success = getattr(self.channel, "success_probs", None) if self.channel is not None else None
+        success = self.success_probs(plan.round)
         return RoundContext(
             round=plan.round,
             num_clients=self.num_clients,

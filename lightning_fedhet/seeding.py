@@ -22,6 +22,7 @@ class Stream(IntEnum):
     DATA = 6
     PARTITION = 7
     LATENCY = 8
+    LOSS_RATES = 9
 
 
 def generator(seed: int, stream: int, *keys: int) -> np.random.Generator:

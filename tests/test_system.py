@@ -240,3 +240,23 @@ def test_virtual_clock_durations_deadline_and_state():
     assert with_deadline.round_duration([0.5, 1.5]) == 1.5
     np.testing.assert_array_equal(with_deadline.on_time(times, mask), [True, False, False, False])
     assert with_deadline.time == 0.0  # round_duration does not advance the clock
+
+
+def test_per_round_loss_draws_follow_uniform_loss_and_reach_the_oracle():
+    from lightning_fedhet.system import LossyChannel, UniformLoss
+
+    channel = LossyChannel(uplink=UniformLoss(0.1, 0.9))
+    channel.setup(num_clients=400, seed=2)
+    q0, _ = channel.loss_probs_at(0)
+    q1, _ = channel.loss_probs_at(1)
+    assert channel.dynamic and not np.allclose(q0, q1)
+    assert 0.1 <= q0.min() and q0.max() < 0.9 and abs(q0.mean() - 0.5) < 0.05
+    np.testing.assert_array_equal(q0, channel.loss_probs_at(0)[0])  # pure function of (seed, round)
+    torch.testing.assert_close(channel.success_probs_at(1), torch.as_tensor(1 - q1, dtype=torch.float64))
+    # arrivals in round t follow that round's q: over clients, P(arrive) = mean(1 - q_t)
+    everyone = torch.ones(400, dtype=torch.bool)
+    rates = [float(channel.uplink(t, everyone).double().mean()) for t in range(200)]
+    expected = [float(1 - channel.loss_probs_at(t)[0].mean()) for t in range(200)]
+    assert abs(np.mean(rates) - np.mean(expected)) < 0.01
+    with pytest.raises(ValueError, match="low must be <= high"):
+        UniformLoss(0.5, 0.2)

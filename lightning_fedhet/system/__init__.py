@@ -1,6 +1,6 @@
 """System heterogeneity (DESIGN.md §2.4): lossy links, local-step counts, latency and simulated time."""
 
-from lightning_fedhet.system.channel import LossyChannel
+from lightning_fedhet.system.channel import LossDistribution, LossyChannel, UniformLoss
 from lightning_fedhet.system.latency import ShiftedExponential, VirtualClock
 from lightning_fedhet.system.steps import (
     StepDistribution,
@@ -12,6 +12,8 @@ from lightning_fedhet.system.steps import (
 
 __all__ = [
     "LossyChannel",
+    "LossDistribution",
+    "UniformLoss",
     "StepDistribution",
     "UniformSteps",
     "TwoGroupSteps",

@@ -25,8 +25,9 @@ class LossyChannel:
     functions of ``(seed, t)`` and do not depend on which other clients were selected.
 
     Args:
-        uplink: uplink loss probability ``q_up`` in ``[0, 1)``, scalar or per-client sequence.
-        downlink: downlink loss probability ``q_down`` in ``[0, 1)``, scalar or per-client sequence.
+        uplink: uplink loss probability ``q_up`` in ``[0, 1)``: a scalar, a per-client sequence, or a per-round
+            draw such as :class:`UniformLoss` (FedACS's dynamic setting, where ``q_m^{(r)}`` changes every round).
+        downlink: downlink loss probability ``q_down``, same forms.
 
     Usage::
 
@@ -37,8 +38,12 @@ class LossyChannel:
     """
 
     def __init__(self, uplink: Any = 0.0, downlink: Any = 0.0) -> None:
-        self._q_up_spec = as_prob_array(uplink, "uplink", high_open=True)
-        self._q_down_spec = as_prob_array(downlink, "downlink", high_open=True)
+        self._q_up_spec = (
+            uplink if isinstance(uplink, LossDistribution) else as_prob_array(uplink, "uplink", high_open=True)
+        )
+        self._q_down_spec = (
+            downlink if isinstance(downlink, LossDistribution) else as_prob_array(downlink, "downlink", high_open=True)
+        )
         self.num_clients = 0
         self.seed = 0
         self.q_up = self.q_down = np.empty(0)
@@ -48,8 +53,28 @@ class LossyChannel:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self.num_clients = int(num_clients)
         self.seed = int(seed)
-        self.q_up = per_client(self._q_up_spec, self.num_clients, "uplink")
-        self.q_down = per_client(self._q_down_spec, self.num_clients, "downlink")
+        self.q_up = self._resolve(self._q_up_spec, 0, "uplink")
+        self.q_down = self._resolve(self._q_down_spec, 0, "downlink")
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss probabilities are re-drawn every round."""
+        return isinstance(self._q_up_spec, LossDistribution) or isinstance(self._q_down_spec, LossDistribution)
+
+    def _resolve(self, spec: Any, round: int, name: str) -> np.ndarray:
+        if isinstance(spec, LossDistribution):
+            return spec.sample(round, self.num_clients, self.seed)
+        return per_client(spec, self.num_clients, name)
+
+    def loss_probs_at(self, round: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(q_up, q_down)`` of round ``round``, float64 ``[N]`` each."""
+        self._check_setup()
+        return self._resolve(self._q_up_spec, round, "uplink"), self._resolve(self._q_down_spec, round, "downlink")
+
+    def success_probs_at(self, round: int) -> Tensor:
+        """``(1 - q_down)(1 - q_up)`` per client in round ``round`` (what the server's system oracle sees)."""
+        q_up, q_down = self.loss_probs_at(round)
+        return torch.as_tensor((1.0 - q_down) * (1.0 - q_up), dtype=torch.float64)
 
     def _check_setup(self) -> None:
         if self.num_clients < 1:
@@ -65,15 +90,21 @@ class LossyChannel:
 
     def downlink(self, round: int, selected: Any) -> Tensor:
         """Clients of ``selected`` (bool ``[N]``) that received the global model in round ``round``."""
-        return self._transmit(Stream.DOWNLINK, round, selected, self.q_down, "selected")
+        q_down = self._resolve(self._q_down_spec, round, "downlink") if self.dynamic else self.q_down
+        return self._transmit(Stream.DOWNLINK, round, selected, q_down, "selected")
 
     def uplink(self, round: int, trained: Any) -> Tensor:
         """Clients of ``trained`` (bool ``[N]``) whose update reached the server in round ``round``."""
-        return self._transmit(Stream.UPLINK, round, trained, self.q_up, "trained")
+        q_up = self._resolve(self._q_up_spec, round, "uplink") if self.dynamic else self.q_up
+        return self._transmit(Stream.UPLINK, round, trained, q_up, "trained")
 
     @property
     def success_probs(self) -> Tensor:
-        """``(1 - q_down)(1 - q_up)`` per client: probability that a selected client's update arrives."""
+        """``(1 - q_down)(1 - q_up)`` per client: probability that a selected client's update arrives.
+
+        For a channel whose loss probabilities change every round this is round 0's; use
+        :meth:`success_probs_at`.
+        """
         self._check_setup()
         return torch.as_tensor((1.0 - self.q_down) * (1.0 - self.q_up), dtype=torch.float64)
 
@@ -90,7 +121,38 @@ class LossyChannel:
         return torch.as_tensor(1.0 - self.q_down, dtype=torch.float64)
 
     def __repr__(self) -> str:
-        def fmt(arr: np.ndarray) -> str:
+        def fmt(arr) -> str:
+            if isinstance(arr, LossDistribution):
+                return repr(arr)
             return f"{float(arr):g}" if arr.ndim == 0 else f"<{arr.shape[0]} per-client values>"
 
         return f"LossyChannel(uplink={fmt(self._q_up_spec)}, downlink={fmt(self._q_down_spec)})"
+
+
+class LossDistribution:
+    """Per-round loss probabilities: ``sample(round, num_clients, seed) -> float64 [N]`` in ``[0, 1)``."""
+
+    def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class UniformLoss(LossDistribution):
+    """``q_i^{(t)} ~ U[low_i, high_i)`` independently per client and round (FedACS's dynamic links).
+
+    Args:
+        low, high: bounds in ``[0, 1)``, scalars or per-client sequences, ``low <= high``.
+    """
+
+    def __init__(self, low: Any, high: Any) -> None:
+        self.low = as_prob_array(low, "low", high_open=True)
+        self.high = as_prob_array(high, "high", high_open=True)
+        if np.any(np.asarray(self.low) > np.asarray(self.high)):
+            raise ValueError(f"low must be <= high, got low={low}, high={high}")
+
+    def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
+        low = per_client(self.low, num_clients, "low")
+        high = per_client(self.high, num_clients, "high")
+        return generator(seed, Stream.LOSS_RATES, int(round)).uniform(low, high)
+
+    def __repr__(self) -> str:
+        return f"UniformLoss(low={self.low!r}, high={self.high!r})"
