@@ -15,6 +15,7 @@ client. The user's ``training_step`` and ``configure_optimizers`` are the client
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -151,6 +152,9 @@ class FedHetStrategy(SingleDeviceStrategy):
                 "set the clients' work with local_steps instead"
             )
         super().setup(trainer)
+        if self.engine == "vmap":
+            # the cohort steps its own stacked copies and returns None to Lightning on purpose
+            warnings.filterwarnings("ignore", message=r"`training_step` returned `None`.*")
         if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _RoundHooks) for c in trainer.callbacks):
             # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round.
             trainer.callbacks.insert(0, _RoundHooks(self))
