@@ -10,7 +10,10 @@ client. The user's ``training_step`` and ``configure_optimizers`` are the client
 * after a client's last step its delta ``w_i - w_t`` is streamed into the algorithm, unless it is not
   finite (rejected and counted) or its uplink was lost (work wasted);
 * after the round's last step the algorithm's new global weights are copied into the module, so
-  validation, checkpoints, ``trainer.validate`` and ``trainer.test`` see the global model.
+  validation, checkpoints, ``trainer.validate`` and ``trainer.test`` see the global model;
+* at the epoch's end the round's record goes to ``strategy.history`` and its counts (``round/received``,
+  ``round/local_steps``, ``round/upload_bytes``, ``round/sim_time``, ...) to every attached Lightning logger
+  (W&B, CSV, TensorBoard, ...), at the trainer's global step, with the ``epoch``.
 """
 
 from __future__ import annotations
@@ -486,8 +489,14 @@ class _RoundHooks(Callback):
         self.strategy._end_step(batch_idx, outputs)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for name, value in self.strategy._round_metrics.items():
-            pl_module.log(name, value, on_step=False, on_epoch=True, batch_size=1)
+        # Straight to every attached logger, as Lightning's own logger connector does at epoch end:
+        # going through LightningModule.log costs ~1 ms per metric on a CPU, ten times a round.
+        metrics = self.strategy._round_metrics
+        if not metrics or not trainer.loggers:
+            return
+        record = {**metrics, "epoch": trainer.current_epoch}
+        for logger in trainer.loggers:
+            logger.log_metrics(record, step=trainer.global_step)
 
 
 if "fedhet" not in StrategyRegistry:
