@@ -31,7 +31,8 @@ class RoundPlan:
         trained: selected clients that received the model (downlink) and hold data.
         arrives: trained clients whose update will reach the server (uplink, and deadline if one is set).
         local_steps: int64 ``[N]``; steps each trained client runs (0 for the others).
-        duration: simulated seconds the round takes (0 without a latency model).
+        duration: simulated seconds the round takes (0 without a latency model): the slowest arrived update,
+            or the deadline when a trained client missed it.
         schedule: ``(client, local step)`` for every mini-batch of the round, clients in id order.
         batches: dataset indices of each mini-batch of ``schedule``.
     """
@@ -131,8 +132,14 @@ class Federation:
         duration = 0.0
         if self.latency is not None:
             times = self.latency.sample(round, trained, np.maximum(steps, 1))
-            duration = self.clock.round_duration(times, trained)
-            arrives = arrives & torch.from_numpy(self.clock.on_time(times, trained))
+            on_time = torch.from_numpy(self.clock.on_time(times, trained))
+            late = bool((trained & ~on_time).any())
+            arrives = arrives & on_time
+            # The round ends when the slowest arriving update is in, or at the deadline if the server had to
+            # wait for late clients; a lost upload does not keep the server waiting. With no arrival at all
+            # (and no deadline) the server is taken to wait for the slowest trained client.
+            waited_for = arrives if bool(arrives.any()) and not late else trained
+            duration = self.clock.round_duration(times, waited_for)
         plan = RoundPlan(round, available, selected, trained, arrives & trained, steps, duration)
         for client in plan.trained_ids:
             k = int(steps[client])

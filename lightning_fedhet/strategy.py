@@ -67,6 +67,15 @@ class FedHetStrategy(SingleDeviceStrategy):
         client_weights: ``alpha_i`` passed to the algorithm: ``"uniform"`` (1/N) or ``"samples"`` (|D_i|/|D|).
         device: the device clients train on.
 
+    Attributes:
+        history: one dict per closed round: ``round`` (0-based); ``available``, ``selected``, ``received``,
+            ``rejected`` (sorted int64 tensors of client ids); ``local_steps`` (client id -> steps run, for the
+            clients that trained); ``weights`` (client id -> weight applied to its fresh update);
+            ``download_bytes``/``upload_bytes`` (this round); ``sim_time`` (cumulative simulated seconds);
+            ``wasted_steps`` (steps of trained clients whose update did not count); ``memory_bytes``
+            (the algorithm's per-client state).
+        rejected_total: number of client updates rejected as non-finite so far.
+
     Example::
 
         trainer = Trainer(
@@ -396,6 +405,8 @@ class FedHetStrategy(SingleDeviceStrategy):
             "sim_time": (self.history[-1]["sim_time"] if self.history else 0.0) + plan.duration,
             "wasted_steps": int(plan.local_steps[(plan.trained & ~received).numpy()].sum()),
             "rejected": rejected,
+            # server-side per-client state (FedVARP/MIFA/FedStale memories), 0 for stateless rules
+            "memory_bytes": int(getattr(self.algorithm, "memory_bytes", 0)),
         }
         self.history.append(record)
         self._round_metrics = {
