@@ -80,7 +80,7 @@ from torch import Tensor
 
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.algorithms.calibration import lr_scalings
-from lightning_fedhet.algorithms.fednova import accumulation_norm
+from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver
 
 UNAVAILABLE = ("renormalize", "drop")
 ESTIMATORS = (None, "ema")
@@ -278,14 +278,7 @@ class _WithReplacementSampler(Algorithm):
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-        if isinstance(prox_mu, bool) or not isinstance(prox_mu, numbers.Real) or not prox_mu >= 0.0:
-            raise ValueError(f"prox_mu must be >= 0, got {prox_mu!r}")
-        if local_lr is not None and not local_lr > 0:
-            raise ValueError(f"local_lr must be > 0, got {local_lr!r}")
-        if prox_mu > 0 and (local_lr is None or not local_lr * prox_mu <= 1.0):
-            raise ValueError("prox_mu > 0 needs local_lr with 0 < local_lr * prox_mu <= 1 to compute ||a||_1")
+        check_local_solver(momentum, prox_mu, local_lr)
         if not 0.0 < min_success <= 1.0:
             raise ValueError(f"min_success must be in (0, 1], got {min_success!r}")
         self.K = int(K)

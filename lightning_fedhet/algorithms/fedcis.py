@@ -469,11 +469,7 @@ class FedCIS(Algorithm):
         self._added = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        if self._sum is None:
-            raise RuntimeError("add() called without open_round()")
-        self._check_client(client, delta)
-        if client in self._added:
-            raise ValueError(f"client {client} already added in this round")
+        self._check_update(client, delta, self._sum, self._added)
         w = float(self._coef[client])
         self._added[client] = w
         self._sum.add_(delta.to(self._sum), alpha=w)

@@ -65,6 +65,21 @@ def accumulation_norm(steps: int, momentum: float = 0.0, prox: float = 0.0) -> f
     return total
 
 
+def check_local_solver(momentum: float, prox_mu: float, local_lr: float | None) -> None:
+    """Validate the local-solver description that :func:`accumulation_norm` needs (FedNova, FedACS)."""
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if isinstance(prox_mu, bool) or not isinstance(prox_mu, numbers.Real) or not prox_mu >= 0.0:
+        raise ValueError(f"prox_mu must be >= 0, got {prox_mu!r}")
+    if local_lr is not None and not local_lr > 0:
+        raise ValueError(f"local_lr must be > 0, got {local_lr!r}")
+    if prox_mu > 0:
+        if local_lr is None:
+            raise ValueError("prox_mu > 0 needs local_lr (the client learning rate) to compute ||a_i||_1")
+        if not local_lr * prox_mu <= 1.0:
+            raise ValueError(f"local_lr * prox_mu must be in (0, 1], got {local_lr * prox_mu}")
+
+
 class FedNova(Algorithm):
     """Normalised averaging: each delta divided by its client's ``||a_i||_1``, the average rescaled by ``tau_eff``.
 
@@ -95,17 +110,7 @@ class FedNova(Algorithm):
         server_lr: float = 1.0,
     ) -> None:
         super().__init__()
-        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-        if isinstance(prox_mu, bool) or not isinstance(prox_mu, numbers.Real) or not prox_mu >= 0.0:
-            raise ValueError(f"prox_mu must be >= 0, got {prox_mu!r}")
-        if local_lr is not None and not local_lr > 0:
-            raise ValueError(f"local_lr must be > 0, got {local_lr!r}")
-        if prox_mu > 0:
-            if local_lr is None:
-                raise ValueError("prox_mu > 0 needs local_lr (the client learning rate) to compute ||a_i||_1")
-            if not local_lr * prox_mu <= 1.0:
-                raise ValueError(f"local_lr * prox_mu must be in (0, 1], got {local_lr * prox_mu}")
+        check_local_solver(momentum, prox_mu, local_lr)
         if weighting not in NOVA_WEIGHTINGS:
             raise ValueError(f"weighting must be one of {NOVA_WEIGHTINGS}, got {weighting!r}")
         if not server_lr > 0:
