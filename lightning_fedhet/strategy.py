@@ -380,7 +380,7 @@ class FedHetStrategy(SingleDeviceStrategy):
         new_params = self.algorithm.close_round()
         if not torch.isfinite(new_params).all():
             raise FloatingPointError(f"round {plan.round}: the algorithm produced non-finite global parameters")
-        self._global = new_params.clone()
+        self._global = new_params  # the next round starts from a clone of algorithm.params
         self.flat.set(self._global)
         self._record(plan)
         self._round_closed = True
@@ -443,7 +443,7 @@ class FedHetStrategy(SingleDeviceStrategy):
     @property
     def global_params(self) -> torch.Tensor | None:
         """The current global parameters as a flat vector ``[d]`` (None before fitting)."""
-        return None if self.algorithm.params is None else self.algorithm.params
+        return self.algorithm.params
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
