@@ -23,6 +23,7 @@ class Stream(IntEnum):
     PARTITION = 7
     LATENCY = 8
     LOSS_RATES = 9
+    PROBE = 10
 
 
 def generator(seed: int, stream: int, *keys: int) -> np.random.Generator:

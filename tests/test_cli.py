@@ -36,7 +36,7 @@ def test_cli_fit_with_quickstart_config(tmp_path):
     assert type(strategy).__name__ == "FedHetStrategy"
     assert len(strategy.history) == 2
     assert all(len(h["received"]) == 10 for h in strategy.history)
-    assert strategy.federation.num_clients == 100
+    assert strategy.server.num_clients == 100
     assert 0.0 < float(cli.trainer.callback_metrics["val_acc"]) <= 1.0
 
 

@@ -24,8 +24,8 @@ class CountingClassifier(TinyClassifier):
 
     def training_step(self, batch, batch_idx):
         strategy = self.trainer.strategy
-        client, _ = strategy._plan.schedule[batch_idx]
-        key = (strategy._plan.round, client)
+        server = strategy.server
+        key = (server.plan.round, server.current_client)
         self.steps_run[key] = self.steps_run.get(key, 0) + 1
         return super().training_step(batch, batch_idx)
 

@@ -28,7 +28,7 @@ def test_one_client_equals_centralised_sgd_over_the_same_batches():
 
     reference = TinyClassifier()
     opt = torch.optim.SGD(reference.parameters(), lr=reference.lr)
-    streams = strategy.federation.streams
+    streams = strategy.server.streams
     for t in range(3):
         for idx in streams.batch_indices(t, 0, 4):
             x, y = ds.tensors[0][idx], ds.tensors[1][idx]
@@ -144,9 +144,9 @@ def test_plain_datamodule_is_split_by_the_strategy():
     ds = toy_dataset(60)
     strategy = FedHetStrategy(num_clients=5, partitioner=IID(), local_steps=2, participation=UniformSample(2))
     _fit(strategy, _PlainDataModule(ds), rounds=2)
-    sizes = strategy.federation.streams.sizes
+    sizes = strategy.server.streams.sizes
     assert sizes.tolist() == [12] * 5
-    assert strategy.federation.streams.batch_size == 4
+    assert strategy.server.streams.batch_size == 4
     assert all(len(h["received"]) == 2 for h in strategy.history)
 
 
@@ -166,7 +166,7 @@ def test_strategy_by_registered_name():
 class _NaNForClientZero(TinyClassifier):
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
-        client, _ = self.trainer.strategy._plan.schedule[batch_idx]
+        client = self.trainer.strategy.server.current_client
         return loss * float("nan") if client == 0 else loss
 
 
@@ -215,12 +215,17 @@ def test_optimizer_state_is_reset_per_client_by_default():
             pass
 
         def training_step(self, batch, batch_idx):
-            client, step = self.trainer.strategy._plan.schedule[batch_idx]
             opt = self.optimizers().optimizer
-            seen.append((step, len(opt.state)))
+            self.step_of_client = 0 if self.trainer.strategy.server.current_client != self.last_client else (
+                self.step_of_client + 1
+            )
+            self.last_client = self.trainer.strategy.server.current_client
+            seen.append((self.step_of_client, len(opt.state)))
             return super().training_step(batch, batch_idx)
 
-    _fit(FedHetStrategy(local_steps=3, participation=UniformSample(2)), _dm(), rounds=2, model=Probe(momentum=0.9))
+    model = Probe(momentum=0.9)
+    model.last_client, model.step_of_client = None, 0
+    _fit(FedHetStrategy(local_steps=3, participation=UniformSample(2)), _dm(), rounds=2, model=model)
     assert all(n == 0 for step, n in seen if step == 0)
     assert all(n > 0 for step, n in seen if step > 0)
 

@@ -104,7 +104,7 @@ def test_self_log_under_vmap_is_the_mean_of_per_client_values():
     trainer.fit(model, datamodule=dm)
     per_client = []
     for client in range(4):
-        (idx,) = strategy.federation.streams.batch_indices(0, client, 1)
+        (idx,) = strategy.server.streams.batch_indices(0, client, 1)
         x, y = ds.tensors[0][idx], ds.tensors[1][idx]
         per_client.append(float(F.cross_entropy(reference(x), y)))
     assert float(trainer.callback_metrics["client_loss"]) == pytest.approx(np.mean(per_client), abs=1e-6)

@@ -73,13 +73,26 @@ class ClientStreams:
         flat = np.concatenate(order)[:needed]
         return list(flat.reshape(num_steps, size))
 
+    def probe_indices(self, round: int, client: int) -> np.ndarray:
+        """Dataset indices of the one mini-batch client ``client`` evaluates at ``w_t`` in round ``round``.
+
+        Drawn from a stream of its own, so probing a client does not change its training batches.
+        """
+        own = self.client_indices[client]
+        if own.size == 0:
+            raise ValueError(f"client {client} holds no samples")
+        rng = generator(self.seed, Stream.PROBE, round, client)
+        return rng.permutation(own)[: min(self.batch_size, own.size)]
+
+    def batch(self, indices: np.ndarray):
+        """One mini-batch from dataset indices ``[B]``."""
+        return next(iter(self.iterate([indices])))
+
     def stacked_batch(self, indices: np.ndarray):
         """One mini-batch per client, stacked on a leading client dim, from indices ``[C, B]`` (vmap engine)."""
         if self._sliceable:
             index = torch.from_numpy(indices)
             return [t[index] for t in self.dataset.tensors]
-        from lightning_fedhet.engines.vmap import stack_batches
-
         return stack_batches([self.collate_fn([self.dataset[int(i)] for i in row]) for row in indices])
 
     def iterate(self, schedule: Sequence[np.ndarray]) -> Iterator:
@@ -100,3 +113,15 @@ class ClientStreams:
             pin_memory=self.pin_memory,
         )
         yield from loader
+
+
+def stack_batches(batches: Sequence) -> object:
+    """Stack a list of per-client batches (tensors, or lists/tuples/dicts of tensors) on a new dim 0."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(list(batches))
+    if isinstance(first, dict):
+        return {k: stack_batches([b[k] for b in batches]) for k in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(stack_batches([b[i] for b in batches]) for i in range(len(first)))
+    raise TypeError(f"batches of type {type(first).__name__} cannot be stacked per client")

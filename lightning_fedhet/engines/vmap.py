@@ -1,4 +1,4 @@
-"""The vmap cohort engine: a whole round's cohort trains at once with ``torch.func`` (DESIGN.md §2.5).
+"""The vmap cohort engine: a whole round's cohort trains at once with ``torch.func``.
 
 Each client's parameters are one row of stacked tensors ``[C, *shape]``. One local step of the cohort is a
 single ``vmap(grad_and_value(training_step))`` call over the stacked parameters and the stacked client
@@ -18,12 +18,18 @@ value is computed per client and the strategy logs their mean.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+
+from lightning_fedhet.data.streams import stack_batches  # noqa: F401  (re-exported: its earlier home)
+from lightning_fedhet.engines.base import Engine
+from lightning_fedhet.federation import RoundPlan
 
 ELEMENTWISE_OPTIMIZERS = (
     torch.optim.SGD,
@@ -184,13 +190,109 @@ class VmapCohort:
         return torch.cat([self.params[n].detach().reshape(size, -1) for n in self.names], dim=1)
 
 
-def stack_batches(batches: Sequence) -> object:
-    """Stack a list of per-client batches (tensors, or lists/tuples/dicts of tensors) on a new dim 0."""
-    first = batches[0]
-    if isinstance(first, Tensor):
-        return torch.stack(list(batches))
-    if isinstance(first, dict):
-        return {k: stack_batches([b[k] for b in batches]) for k in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(stack_batches([b[i] for b in batches]) for i in range(len(first)))
-    raise VmapUnsupported(f"batches of type {type(first).__name__} cannot be stacked per client")
+class VmapEngine(Engine):
+    """The round's cohort in lock-step (see the module docstring).
+
+    Clients are grouped by mini-batch size and by the rule's per-client config (Fed-CIS's exit): one
+    :class:`VmapCohort` per group, each stepped with the module configured for its group. A config is supported
+    exactly only without weight decay: torch.func gives a dense zero gradient to a parameter the client does not
+    train, and weight decay would move it, where the sequential engine (gradient ``None``) leaves it untouched.
+    """
+
+    name = "vmap"
+    keeps_client_optimizer_state = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cohorts: list[VmapCohort] = []
+        self.configs: list[dict] = []
+        self._loss_sums: list[Tensor] = []
+        self._max_steps = 0
+
+    def setup(self, module, optimizers, server, flat, to_device) -> None:
+        if server.optimizer_state == "persist":
+            raise VmapUnsupported("optimizer_state='persist' keeps one optimizer state per client")
+        if len(optimizers) != 1:
+            raise VmapUnsupported(f"the module has {len(optimizers)} optimizers; the engine steps exactly one")
+        check_vmap_support(module, optimizers[0])
+        # The cohort steps its own stacked copies and returns None to Lightning on purpose.
+        warnings.filterwarnings("ignore", message=r"`training_step` returned `None`.*")
+        super().setup(module, optimizers, server, flat, to_device)
+
+    def _begin(self, plan: RoundPlan) -> None:
+        server = self.server
+        sizes, batch = server.streams.sizes, server.streams.batch_size
+        groups: dict[tuple, list[int]] = {}
+        configs: dict[tuple, dict] = {}
+        for client in plan.trained_ids:
+            config = server.start_client(client).config
+            key = (min(batch, int(sizes[client])), tuple(sorted(config.items())))
+            groups.setdefault(key, []).append(client)
+            configs[key] = config
+        keys = sorted(groups)
+        if any(configs[k] for k in keys):
+            decay = [g.get("weight_decay", 0) for g in self.optimizers[0].param_groups]
+            if any(decay):
+                raise VmapUnsupported(
+                    f"{type(server.algorithm).__name__} trains a different part of the model on each client and the "
+                    f"optimizer has weight_decay={decay}, which would move the parts a client does not train"
+                )
+        self.flat.set(server.global_vector)
+        self.cohorts, self.configs = [], []
+        for key in keys:
+            self.apply_config(configs[key])
+            clients = groups[key]
+            self.cohorts.append(VmapCohort(self.module, self.optimizers[0], clients, plan.local_steps[clients]))
+            self.configs.append(configs[key])
+        self._loss_sums = [torch.zeros(len(c.clients)) for c in self.cohorts]
+        self._max_steps = int(plan.local_steps.max()) if plan.trained_ids else 0
+
+    def _round_batches(self, plan: RoundPlan) -> Iterator:
+        by_client: dict[int, list[np.ndarray]] = {}
+        for (client, _), idx in zip(plan.schedule, plan.batches):
+            by_client.setdefault(client, []).append(idx)
+        streams = self.server.streams
+        # A client that has finished repeats its last batch; the cohort leaves its rows unchanged.
+        return (
+            [
+                streams.stacked_batch(np.stack([by_client[c][min(k, len(by_client[c]) - 1)] for c in cohort.clients]))
+                for cohort in self.cohorts
+            ]
+            for k in range(self._max_steps)
+        )
+
+    def on_batch_start(self) -> None:
+        return None
+
+    def training_step(self, default_step, batch: Any, batch_idx: int) -> None:
+        logs: dict[str, list[Tensor]] = {}
+        for i, (cohort, group_batch) in enumerate(zip(self.cohorts, batch)):
+            self.apply_config(self.configs[i])
+            losses, logged = cohort.step(group_batch, self.step)
+            active = cohort.local_steps > self.step
+            self._loss_sums[i] += torch.where(active, losses.detach().float().cpu(), 0.0)
+            for name, values in logged.items():
+                logs.setdefault(name, []).append(values[active])
+        for name, chunks in logs.items():
+            self.module.log(name, torch.cat(chunks).mean(), on_step=False, on_epoch=True, batch_size=1)
+        # The cohort stepped its own stacked copies; Lightning's optimizer has nothing to do.
+        return None
+
+    def on_batch_end(self, output: Any) -> None:
+        self.step += 1
+        if self.step == self._max_steps:
+            self._submit_all()
+            self.close_round()
+
+    def _submit_all(self) -> None:
+        server = self.server
+        vector = server.global_vector
+        num_parameters = self.flat.num_parameters
+        for cohort, loss_sum in zip(self.cohorts, self._loss_sums):
+            deltas = cohort.flat_params().to(vector) - vector[:num_parameters]
+            mean_losses = (loss_sum / cohort.local_steps.clamp(min=1)).tolist()
+            for i, client in enumerate(cohort.clients):
+                delta = vector.new_zeros(vector.shape)
+                delta[:num_parameters] = deltas[i]
+                server.submit(client, delta, mean_losses[i])
+        self.cohorts = []

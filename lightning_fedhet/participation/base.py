@@ -38,6 +38,11 @@ class Participation:
         if self.num_clients < 1:
             raise RuntimeError(f"{type(self).__name__}.setup(num_clients, seed) must be called first")
 
+    @property
+    def needs_label_hist(self) -> bool:
+        """Whether :meth:`setup` must be given ``label_hist=`` (per-client label counts ``[N, C]``)."""
+        return False
+
     def rng(self, round: int) -> np.random.Generator:
         return generator(self.seed, Stream.PARTICIPATION, round)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_fedhet.participation._validate import (
     KEY_LATENCY_GROUPS,
@@ -133,6 +134,24 @@ class ShiftedExponential:
         else:
             times = self.speed * (steps * self.shift + rng.gamma(steps, self.mean))
         return np.where(mask, times, 0.0)
+
+    def on_time_probs(self, deadline: float, local_steps: Any = 1) -> np.ndarray:
+        """Probability that each client answers within ``deadline`` seconds (float64 ``[N]``), in closed form.
+
+        ``"scale"``: ``T = K s (shift + E)``, ``E ~ Exp(mean)``, so ``P(T <= D) = 1 - exp(-(D/(K s) - shift)/mean)``
+        when ``D/(K s) > shift`` and 0 otherwise. ``"sum"``: ``T = s (K shift + G)``, ``G ~ Gamma(K, mean)``, so
+        ``P(T <= D)`` is the regularised lower incomplete gamma ``P(K, (D/s - K shift)/mean)``.
+        """
+        self._check_setup()
+        deadline = _positive(deadline, "deadline")
+        steps = local_steps_for(local_steps, 0, self.num_clients, self.seed).astype(np.float64)
+        if self.steps == "scale":
+            slack = deadline / (steps * self.speed) - self.shift
+            return np.where(slack > 0, -np.expm1(-np.maximum(slack, 0.0) / self.mean), 0.0)
+        slack = deadline / self.speed - steps * self.shift
+        x = torch.as_tensor(np.maximum(slack, 0.0) / self.mean, dtype=torch.float64)
+        prob = torch.special.gammainc(torch.as_tensor(steps, dtype=torch.float64), x).numpy()
+        return np.where(slack > 0, prob, 0.0)
 
     def expected(self, local_steps: Any = 1) -> np.ndarray:
         """Mean round-trip time of every client (float64 ``[N]``): ``K s_i (shift + mean)``."""

@@ -1,0 +1,198 @@
+"""The Engine protocol: how one round's local training runs, driven by Lightning's loop.
+
+The strategy picks one engine at setup and forwards Lightning's hooks to it; the engine asks the
+:class:`~lightning_fedhet.server.Server` for the round's plan, starts every client through
+:meth:`Server.start_client` (global weights, the rule's per-client config, optimizer state), trains, and hands each
+trained client's delta to :meth:`Server.submit`. Lightning iterates :meth:`Engine.round_batches`; each item is one
+Lightning step (one client's local step for the sequential engine, one lock-step of the whole cohort for vmap).
+
+Engines count the round's steps themselves (``on_batch_start``/``on_batch_end`` pairs) instead of trusting
+Lightning's ``batch_idx``, which does not restart at 0 when a fit resumes inside an epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from lightning_fedhet.flat import FlatModel
+from lightning_fedhet.server import ClientStart, Server
+
+BatchToDevice = Callable[[Any], Any]
+
+
+class Engine:
+    """Base class of the engines. Subclasses implement :meth:`_round_batches`, :meth:`on_batch_start`,
+    :meth:`training_step` and :meth:`on_batch_end`.
+
+    Lifecycle (the strategy calls these)::
+
+        engine.setup(module, optimizers, server, to_device)   # once per fit
+        for batch in engine.round_batches():                  # Lightning's epoch = one round
+            engine.on_batch_start()
+            out = engine.training_step(default_step, batch, batch_idx)
+            engine.on_batch_end(out)                          # submits finished clients, closes the round
+        engine.finish_partial_round()                         # the epoch ended before the round did
+    """
+
+    #: the name users pass as ``FedHetStrategy(engine=...)``
+    name = "base"
+    #: whether the engine can restore each client's own optimizer state (``optimizer_state="persist"``)
+    keeps_client_optimizer_state = True
+
+    def __init__(self) -> None:
+        self.module: pl.LightningModule | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.server: Server | None = None
+        self.flat: FlatModel | None = None
+        self.to_device: BatchToDevice = lambda batch: batch
+        self.step = 0
+        self._held_local: Tensor | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(
+        self,
+        module: pl.LightningModule,
+        optimizers: list[torch.optim.Optimizer],
+        server: Server,
+        flat: FlatModel,
+        to_device: BatchToDevice,
+    ) -> None:
+        """Bind to the fit's module, optimizers and server; refuse here what the engine cannot simulate."""
+        self.module, self.optimizers, self.server, self.flat, self.to_device = (
+            module,
+            optimizers,
+            server,
+            flat,
+            to_device,
+        )
+        self.step = 0
+        self.flat.set(server.global_vector)
+
+    # ------------------------------------------------------------------ one round
+    def round_batches(self) -> Iterator:
+        """Open the next round and return what Lightning iterates for it (nothing if nobody trains)."""
+        server = self.server
+        if server.round_open:
+            self.finish_partial_round()
+        plan = server.begin_round(server.next_round, probe=self.probe_losses)
+        self.step = 0
+        self._begin(plan)
+        if plan.num_steps == 0:
+            self.close_round()
+            return iter(())
+        return self._round_batches(plan)
+
+    def _begin(self, plan) -> None:
+        """Engine-specific start of a round (after the plan is drawn)."""
+
+    def _round_batches(self, plan) -> Iterator:
+        raise NotImplementedError
+
+    def on_batch_start(self) -> None:
+        raise NotImplementedError
+
+    def training_step(self, default_step: Callable[..., Any], batch: Any, batch_idx: int) -> Any:
+        """Run one Lightning step; ``default_step`` is Lightning's own ``training_step`` call."""
+        return default_step(batch, batch_idx)
+
+    def on_batch_end(self, output: Any) -> None:
+        raise NotImplementedError
+
+    def close_round(self, complete: bool = True) -> None:
+        """Close the server's round and load the new global model into the module."""
+        self.flat.set(self.server.close_round(complete))
+
+    def finish_partial_round(self) -> None:
+        """The epoch ended (``max_steps``, ``limit_train_batches``, ...) before every client finished: close the
+        round with the updates that had arrived (unfinished clients count as not arrived)."""
+        if self.server is not None and self.server.round_open:
+            self._held_local = None
+            self.close_round(complete=False)
+
+    # ------------------------------------------------------------------ the global model for inspection
+    def hold_global(self) -> None:
+        """Mid-round (validation inside an epoch): put ``w_t`` into the module, keeping the client's weights."""
+        if self.server is not None and self.server.round_open and self._held_local is None:
+            self._held_local = self.flat.get(self.server.global_vector.dtype)
+            self.flat.set(self.server.global_vector)
+
+    def release_global(self) -> None:
+        """Give the module back the client weights :meth:`hold_global` kept."""
+        if self._held_local is not None:
+            self.flat.set(self._held_local)
+            self._held_local = None
+
+    # ------------------------------------------------------------------ shared pieces
+    def apply_config(self, config: dict) -> None:
+        """Pass the rule's per-client config (Fed-CIS's exit) to the module's ``configure_client(**config)``."""
+        if not config:
+            return
+        configure = getattr(self.module, "configure_client", None)  # the user's module, not one of ours
+        if configure is None:
+            raise TypeError(
+                f"{type(self.server.algorithm).__name__} sends {sorted(config)} to each client: the LightningModule "
+                "must define configure_client(**config) (EarlyExitClassifier does)"
+            )
+        configure(**config)
+
+    def load_client(self, start: ClientStart) -> None:
+        """Put the global model, the rule's config and the client's optimizer state into the module."""
+        self.flat.set(start.global_vector)
+        self.apply_config(start.config)
+        for i, optimizer in enumerate(self.optimizers):
+            optimizer.state.clear()
+            if start.optimizer_state is not None:
+                import_optimizer_state(optimizer, start.optimizer_state[i])
+
+    def probe_losses(self, round: int, available: Tensor) -> Tensor:
+        """The one-batch training loss of every available client at the global model (float64 ``[N]``, NaN for
+        the others), for rules that select on it (CA-Fed, thesis Algorithm 3 line 3). No parameter changes."""
+        server = self.server
+        losses = torch.full((server.num_clients,), float("nan"), dtype=torch.float64)
+        self.flat.set(server.global_vector)
+        with torch.no_grad(), logging_disabled(self.module):
+            for client in torch.nonzero(available & server.planner.has_data).flatten().tolist():
+                batch = self.to_device(server.streams.batch(server.streams.probe_indices(round, client)))
+                out = self.module.training_step(batch, 0)
+                losses[client] = float(out["loss"] if isinstance(out, dict) else out)
+        return losses
+
+
+class _NoLog:
+    """Stands in for ``LightningModule.log`` where Lightning's loop is not running (probes)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def logging_disabled(module: pl.LightningModule):
+    """Silence ``self.log`` inside ``training_step`` while the engine calls it outside Lightning's loop."""
+    original = module.log
+    module.log = _NoLog()
+    try:
+        yield
+    finally:
+        module.log = original
+
+
+def export_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[int, dict]:
+    """The optimizer's per-parameter state keyed by parameter position (so it survives a checkpoint)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return {i: _clone(optimizer.state[p]) for i, p in enumerate(params) if p in optimizer.state}
+
+
+def import_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[int, dict]) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for i, s in state.items():
+        optimizer.state[params[i]] = _clone(s)
+
+
+def _clone(state: dict) -> dict:
+    return {k: v.clone() if isinstance(v, Tensor) else v for k, v in state.items()}

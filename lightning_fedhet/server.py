@@ -1,0 +1,243 @@
+"""The federated server: owns the round, the global model and everything a real server would know.
+
+Framework-free (no Lightning): it deals in flat vectors ``[d]`` (parameters first, then floating buffers such as
+BatchNorm statistics, see :class:`~lightning_fedhet.flat.FlatModel`) and client ids. An engine drives it::
+
+    plan = server.begin_round(t)                    # availability -> selection -> links -> local steps
+    for client in plan.trained_ids:                 # in any order, any grouping
+        start = server.start_client(client)         # global vector, the rule's config, optimizer state
+        ... train from start.global_vector ...
+        server.submit(client, delta, loss)          # lost upload / non-finite rejection / into the rule
+    new_global = server.close_round()               # w_{t+1}, recorded in server.history
+
+Parameters go through the algorithm. Floating buffers never do: they are averaged over the arrived clients
+with normalised, non-negative sample weights ``|D_i| / sum_{arrived} |D_j|`` whatever the rule, because the
+unbiased or corrective weights of the rules (``1/p_i``, ``1/(1 - q_i)``, ``1/||a_i||_1`` ...) need not sum to one
+and would drive a running variance negative.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo
+from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.federation import RoundPlan, RoundPlanner
+from lightning_fedhet.history import round_metrics, round_record
+
+OPTIMIZER_STATES = ("reset", "persist")
+
+
+@dataclass
+class ClientStart:
+    """What a client receives when it starts training in a round.
+
+    Attributes:
+        client: the client id.
+        global_vector: the global model ``w_t`` as a flat vector ``[d]`` (do not modify it).
+        config: the rule's instructions for this client (e.g. Fed-CIS's ``{"train_exit": e}``); ``{}`` if none.
+        optimizer_state: the client's own optimizer state to restore (``optimizer_state="persist"``), or ``None``
+            to start from a fresh optimizer state.
+    """
+
+    client: int
+    global_vector: Tensor
+    config: dict = field(default_factory=dict)
+    optimizer_state: list[dict] | None = None
+
+
+class Server:
+    """Owns the rounds of one federated run.
+
+    Args:
+        planner: draws each round's plan (participation, selection, links, local steps).
+        algorithm: the server rule; it sees the parameter part ``[:num_parameters]`` of the vector.
+        init_vector: the initial global vector ``w_0``, shape ``[d]``.
+        num_parameters: how many leading entries of the vector are parameters (the rest are floating buffers).
+        client_weights: ``"uniform"`` (``alpha_i = 1/N``) or ``"samples"`` (``alpha_i = |D_i| / |D|``).
+        optimizer_state: ``"reset"`` (each client starts every round with a fresh optimizer state) or
+            ``"persist"`` (the server keeps each client's optimizer state between its rounds).
+
+    Attributes:
+        history: one dict per closed round (see :func:`~lightning_fedhet.history.round_record`).
+        rejected_total: client updates rejected as non-finite so far.
+        next_round: the round :meth:`begin_round` will be asked for next.
+        plan: the open round's plan (``None`` between rounds).
+        current_client: the client whose training started last in the open round (``None`` between rounds).
+    """
+
+    def __init__(
+        self,
+        planner: RoundPlanner,
+        algorithm: Algorithm,
+        init_vector: Tensor,
+        num_parameters: int,
+        client_weights: str = "uniform",
+        optimizer_state: str = "reset",
+    ) -> None:
+        if optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
+        self.planner = planner
+        self.algorithm = algorithm
+        self.num_parameters = int(num_parameters)
+        self.optimizer_state = optimizer_state
+        self.global_vector = init_vector.detach().clone()
+        sizes = torch.as_tensor(planner.streams.sizes, dtype=torch.int64)
+        alpha = sizes.to(torch.float64) if client_weights == "samples" else None
+        algorithm.setup(planner.num_clients, self.global_vector[: self.num_parameters], alpha, sizes)
+        self.history: list[dict] = []
+        self.rejected_total = 0
+        self.next_round = 0
+        self.plan: RoundPlan | None = None
+        self.current_client: int | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._client_optimizer_states: dict[int, list[dict]] = {}
+        self._received: list[int] = []
+        self._rejected: list[int] = []
+        self._buffer_sum: Tensor | None = None
+        self._buffer_weight = 0.0
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def streams(self) -> ClientStreams:
+        """The clients' data streams."""
+        return self.planner.streams
+
+    @property
+    def num_clients(self) -> int:
+        return self.planner.num_clients
+
+    @property
+    def round_open(self) -> bool:
+        """Whether a round has begun and not yet closed."""
+        return self.plan is not None
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of one model transfer (the whole vector)."""
+        return self.global_vector.numel() * self.global_vector.element_size()
+
+    # ------------------------------------------------------------------ the round
+    def begin_round(self, round: int, probe: Callable[[int, Tensor], Tensor] | None = None) -> RoundPlan:
+        """Plan round ``round`` and open the algorithm's aggregation for it.
+
+        Args:
+            round: 0-based round index (normally :attr:`next_round`).
+            probe: the engine's one-batch loss of every available client at ``w_t`` (see
+                :meth:`RoundPlanner.plan`); only called when the rule asks for it.
+        """
+        if self.round_open:
+            raise RuntimeError(f"round {self.plan.round} is still open")
+        plan = self.planner.plan(round, probe)
+        self.plan = plan
+        self.current_client = None
+        self._received, self._rejected = [], []
+        self._buffer_sum, self._buffer_weight = None, 0.0
+        self.algorithm.open_round(round, self.planner.context(plan))
+        return plan
+
+    def start_client(self, client: int) -> ClientStart:
+        """Everything ``client`` receives before its first local step; every engine calls this."""
+        self._check_open()
+        self.current_client = int(client)
+        state = self._client_optimizer_states.get(client) if self.optimizer_state == "persist" else None
+        return ClientStart(int(client), self.global_vector, self.algorithm.client_config(int(client)), state)
+
+    def submit(self, client: int, delta: Tensor, loss: float, optimizer_state: list[dict] | None = None) -> bool:
+        """One trained client's update ``delta = w_i - w_t`` (shape ``[d]``) goes up.
+
+        It is dropped when the uplink was lost or the deadline missed (the work is wasted), rejected and counted
+        when it is not finite (the global model never sees it), and streamed into the algorithm otherwise.
+        Returns whether it was aggregated.
+        """
+        self._check_open()
+        if optimizer_state is not None and self.optimizer_state == "persist":
+            self._client_optimizer_states[client] = optimizer_state
+        if not bool(self.plan.arrives[client]):
+            return False
+        if not bool(torch.isfinite(delta).all()):
+            self._rejected.append(client)
+            self.rejected_total += 1
+            return False
+        num_samples = int(self.streams.sizes[client])
+        info = ClientInfo(num_samples=num_samples, local_steps=int(self.plan.local_steps[client]), loss=float(loss))
+        self.algorithm.add(client, delta[: self.num_parameters], info)
+        if self.global_vector.numel() > self.num_parameters:
+            buffers = delta[self.num_parameters :].to(torch.float64) * num_samples
+            self._buffer_sum = buffers if self._buffer_sum is None else self._buffer_sum.add_(buffers)
+            self._buffer_weight += num_samples
+        self._received.append(client)
+        return True
+
+    def close_round(self, complete: bool = True) -> Tensor:
+        """Aggregate, record and return the new global vector ``w_{t+1}`` (shape ``[d]``).
+
+        Args:
+            complete: False when the round was cut short (clients that had not finished count as not arrived);
+                recorded in the history entry.
+        """
+        self._check_open()
+        plan = self.plan
+        params = self.algorithm.close_round()
+        if not bool(torch.isfinite(params).all()):
+            raise FloatingPointError(f"round {plan.round}: the algorithm produced non-finite global parameters")
+        vector = self.global_vector.clone()
+        vector[: self.num_parameters] = params.to(vector)
+        if self._buffer_sum is not None and self._buffer_weight > 0:
+            vector[self.num_parameters :] += (self._buffer_sum / self._buffer_weight).to(vector)
+        self.global_vector = vector
+        previous = self.history[-1]["sim_time"] if self.history else 0.0
+        record = round_record(
+            plan,
+            self._received,
+            self._rejected,
+            self.algorithm.last_weights,
+            self.model_bytes,
+            previous,
+            self.algorithm.memory_bytes,
+            complete,
+        )
+        self.history.append(record)
+        self.last_metrics = round_metrics(record)
+        if plan.trained.any() and not self._received and self._rejected:
+            warnings.warn(f"round {plan.round}: every arrived update was rejected as non-finite", stacklevel=2)
+        self.plan = None
+        self.current_client = None
+        self.next_round = plan.round + 1
+        return self.global_vector
+
+    def _check_open(self) -> None:
+        if self.plan is None:
+            raise RuntimeError("no round is open: call begin_round() first")
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Global vector, algorithm state, history and per-client optimizer states (tensors and primitives)."""
+        if self.round_open:
+            raise RuntimeError(
+                f"the server state was requested in the middle of round {self.plan.round}: checkpoints are taken "
+                "at round ends (e.g. ModelCheckpoint(every_n_epochs=1), not every_n_train_steps or "
+                "train_time_interval)"
+            )
+        return {
+            "global_vector": self.global_vector.clone(),
+            "algorithm": self.algorithm.state_dict(),
+            "history": list(self.history),
+            "rejected_total": self.rejected_total,
+            "next_round": self.next_round,
+            "client_optim_states": dict(self._client_optimizer_states),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.global_vector = state["global_vector"].clone()
+        self.history = list(state["history"])
+        self.rejected_total = int(state["rejected_total"])
+        self.next_round = int(state["next_round"])
+        self._client_optimizer_states = dict(state["client_optim_states"])
+        self.plan = None
