@@ -1,0 +1,167 @@
+"""The engine contract: for every algorithm, every engine gives the sequential engine's run, or refuses clearly.
+
+Each case runs 4 rounds with heterogeneity switched on (Bernoulli or Markov availability, a lossy uplink,
+unequal local steps) and compares, against ``engine="sequential"``:
+
+* the global parameters (rtol 1e-5, atol 1e-6), and
+* every history entry's client ids (available / selected / received / rejected), local steps and weights.
+
+A new engine (or engine option) is added to ``ENGINE_VARIANTS`` and must pass unchanged. An engine that cannot
+simulate a case must refuse at setup with an error that names the cause and ``engine='sequential'``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from lightning_fedhet.model_zoo import early_exit_resnet18
+from torch.utils.data import TensorDataset
+
+import lightning_fedhet.algorithms as algorithms
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.algorithms import (
+    DMAPL,
+    F3AST,
+    MIFA,
+    OS,
+    UDMAPL,
+    UPGAPL,
+    AdaFed,
+    Algorithm,
+    CAFed,
+    CAFedAvg,
+    FedACS,
+    FedAU,
+    FedAvg,
+    FedCIS,
+    FedNova,
+    FedStale,
+    FedVARP,
+    SampledFedAvg,
+)
+from lightning_fedhet.cis import CISTopology
+from lightning_fedhet.early_exit_module import EarlyExitClassifier
+from lightning_fedhet.engines.vmap import VmapUnsupported
+from lightning_fedhet.participation import Bernoulli, Markov
+from lightning_fedhet.system import LossyChannel, UniformSteps
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+
+ROUNDS = 4
+NUM_CLIENTS = 6
+
+#: engine name -> extra FedHetStrategy arguments; every entry must pass every case
+ENGINE_VARIANTS: dict[str, dict] = {"vmap": dict(engine="vmap")}
+
+_hetero = dict(
+    participation=lambda: Bernoulli(0.7),
+    channel=lambda: LossyChannel(uplink=0.2),
+    local_steps=lambda: UniformSteps(1, 3),
+)
+_markov = dict(participation=lambda: Markov(p=0.5, lam=0.6), local_steps=lambda: 2)
+
+#: case name -> (algorithm factory, strategy settings)
+CASES = {
+    "FedAvg-known_p": (lambda: FedAvg(weighting="known_p"), _hetero),
+    "FedAvg-participating": (lambda: FedAvg(), _hetero),
+    "FedVARP": (lambda: FedVARP(), _hetero),
+    "MIFA": (lambda: MIFA(), _hetero),
+    "FedStale": (lambda: FedStale(beta=0.5), _hetero),
+    "FedAU": (lambda: FedAU(K=3), _hetero),
+    "UPGAPL": (lambda: UPGAPL(), _hetero),
+    "DMAPL": (lambda: DMAPL(), _hetero),
+    "UDMAPL": (lambda: UDMAPL(), _hetero),
+    "FedNova": (lambda: FedNova(), _hetero),
+    "FedACS": (lambda: FedACS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "SampledFedAvg": (lambda: SampledFedAvg(K=4), dict(channel=_hetero["channel"])),
+    "CAFedAvg": (lambda: CAFedAvg(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "OS": (lambda: OS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "CAFed": (lambda: CAFed(tau=0.0), _markov),
+    "CAFed-probe": (lambda: CAFed(tau=0.0, loss_source="probe"), _markov),
+    "AdaFed": (lambda: AdaFed(), _markov),
+    "F3AST": (lambda: F3AST(k=3), _markov),
+    "FedCIS": "early-exit",  # its own model and data, below
+}
+
+
+def _settings(spec: dict) -> dict:
+    return {k: v() for k, v in spec.items()}
+
+
+def _run_tiny(engine_kwargs: dict, case: str):
+    factory, spec = CASES[case]
+    torch.manual_seed(0)
+    model = TinyClassifier(momentum=0.5)
+    data = FederatedDataModule(toy_dataset(96), [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+    strategy = FedHetStrategy(algorithm=factory(), seed=5, **_settings(spec), **engine_kwargs)
+    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=data)
+    return strategy
+
+
+def _run_fedcis(engine_kwargs: dict, weight_decay: float = 0.0):
+    topology = CISTopology.preset("7-node", "80-15-5")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7 * 8, 3, 8, 8, generator=gen)
+    y = torch.randint(0, 10, (7 * 8,), generator=gen)
+    data = FederatedDataModule(TensorDataset(x, y), [np.arange(i * 8, (i + 1) * 8) for i in range(7)], batch_size=4)
+    torch.manual_seed(0)
+    net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4, norm="group")
+    model = EarlyExitClassifier(model=net, num_classes=10, lr=0.05, momentum=0.9, weight_decay=weight_decay)
+    strategy = FedHetStrategy(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=3, **engine_kwargs)
+    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=data)
+    return strategy
+
+
+def _run(engine_kwargs: dict, case: str):
+    return _run_fedcis(engine_kwargs) if CASES[case] == "early-exit" else _run_tiny(engine_kwargs, case)
+
+
+_reference_cache: dict[str, FedHetStrategy] = {}
+
+
+def _reference(case: str) -> FedHetStrategy:
+    if case not in _reference_cache:
+        _reference_cache[case] = _run({}, case)
+    return _reference_cache[case]
+
+
+def _assert_same_run(ref: FedHetStrategy, out: FedHetStrategy) -> None:
+    torch.testing.assert_close(out.global_params, ref.global_params, rtol=1e-5, atol=1e-6)
+    assert len(out.history) == len(ref.history) == ROUNDS
+    for a, b in zip(ref.history, out.history):
+        for key in ("available", "selected", "received", "rejected"):
+            assert torch.equal(a[key], b[key]), (a["round"], key)
+        assert a["local_steps"] == b["local_steps"]
+        assert a["weights"].keys() == b["weights"].keys()
+        for client, weight in a["weights"].items():
+            assert b["weights"][client] == pytest.approx(weight, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("variant", sorted(ENGINE_VARIANTS))
+def test_engine_matches_sequential_or_refuses(variant: str, case: str):
+    reference = _reference(case)
+    assert any(len(h["received"]) for h in reference.history), "the case must aggregate something"
+    try:
+        out = _run(ENGINE_VARIANTS[variant], case)
+    except VmapUnsupported as err:
+        assert "engine='sequential'" in str(err)
+        pytest.fail(f"{variant} refused {case}: {err}")  # none of today's cases should need a refusal
+    _assert_same_run(reference, out)
+
+
+def test_every_exported_algorithm_has_a_case():
+    exported = {
+        name
+        for name, obj in vars(algorithms).items()
+        if inspect.isclass(obj) and issubclass(obj, Algorithm) and obj is not Algorithm
+    }
+    covered = {case.split("-")[0] for case in CASES}
+    assert exported <= covered, f"no engine contract case for {sorted(exported - covered)}"
+
+
+def test_vmap_refuses_per_client_configs_with_weight_decay():
+    with pytest.raises(VmapUnsupported, match="weight_decay.*engine='sequential'"):
+        _run_fedcis(dict(engine="vmap"), weight_decay=5e-4)

@@ -1,0 +1,119 @@
+"""Server-side fidelity: what the rules divide by, how buffers are averaged, and which checkpoints are refused."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import TensorDataset
+
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.algorithms import FedAvg
+from lightning_fedhet.participation import Bernoulli
+from lightning_fedhet.system import LossyChannel, ShiftedExponential
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+
+
+class ConstantDelta(pl.LightningModule):
+    """One scalar weight; the loss ``-x w`` on a client whose samples all hold ``x`` makes one SGD step at lr 1
+    move ``w`` by exactly ``x``: every client sends the same delta every round."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return -(x.mean() * self.w)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+def test_known_p_divides_by_the_probability_of_being_aggregated():
+    # clients 0, 1 send +1 and never lose an upload; clients 2, 3 send -1 and lose 80 % of uploads.
+    # Unbiased: E[step] = sum_i alpha_i x_i = (1 + 1 - 1 - 1) / 4 = 0 when p_i = P(aggregated) = 0.5 (1 - q_i).
+    # Dividing by P(available) = 0.5 instead gives E = 0.5 (0.5 + 0.5 - 0.1 - 0.1) = +0.40.
+    # Per-round std of the unbiased step: sqrt(2 (0.5)^2 0.25 + 2 (2.5)^2 0.09) = 1.12, so over 1,500 rounds the
+    # mean has SE 0.029: the tolerance 0.15 is > 5 SE, and 0.40 is 14 SE away.
+    x = torch.tensor([1.0, 1.0, -1.0, -1.0]).repeat_interleave(2).unsqueeze(1)
+    data = FederatedDataModule(TensorDataset(x), [[0, 1], [2, 3], [4, 5], [6, 7]], batch_size=2)
+    rounds = 1500
+    strategy = FedHetStrategy(
+        algorithm=FedAvg(weighting="known_p"),
+        participation=Bernoulli(0.5),
+        channel=LossyChannel(uplink=[0.0, 0.0, 0.8, 0.8]),
+        engine="vmap",
+        seed=11,
+    )
+    model = ConstantDelta()
+    quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0).fit(model, datamodule=data)
+    mean_step = float(model.w) / rounds
+    assert abs(mean_step) < 0.15, mean_step
+
+
+def test_aggregation_probabilities_include_links_and_the_deadline():
+    latency = ShiftedExponential(shift=0.5, mean=1.0, speed_factors=(1.0,), group_fractions=(1.0,))
+    strategy = FedHetStrategy(
+        participation=Bernoulli([0.5, 0.4]),
+        channel=LossyChannel(uplink=[0.1, 0.0], downlink=[0.0, 0.5]),
+        latency=latency,
+        deadline=2.0,
+        local_steps=[1, 2],
+    )
+    data = FederatedDataModule(toy_dataset(8), [np.arange(4), np.arange(4, 8)], batch_size=2)
+    quiet_trainer(strategy=strategy, max_epochs=1, limit_val_batches=0).fit(TinyClassifier(), datamodule=data)
+    # P(on time) = P(K (0.5 + E) <= 2), E ~ Exp(1): K=1 -> 1 - exp(-1.5); K=2 -> 1 - exp(-0.5)
+    planner = strategy.server.planner
+    probs = planner.aggregation_probs(0, np.array([1, 2]))
+    expected = torch.tensor([0.5 * 0.9 * (1 - np.exp(-1.5)), 0.4 * 0.5 * (1 - np.exp(-0.5))], dtype=torch.float64)
+    torch.testing.assert_close(probs, expected)
+
+
+class BatchNormNet(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x).squeeze(1), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class RunningVarProbe(Callback):
+    def __init__(self) -> None:
+        self.minima: list[float] = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.minima.append(float(pl_module.net[1].running_var.min()))
+
+
+def test_batchnorm_statistics_are_averaged_with_normalised_weights():
+    # Known-p weights 1/(N p) = 1.25 per arrived client: with 2 arrivals they sum to 2.5, and averaging
+    # running_var (local values ~ 0.1 x global after 10 steps on data of variance 1e-4) with them gives
+    # 1 + 2.5 (0.1 - 1) < 0. Buffers must be averaged with weights that sum to one.
+    gen = torch.Generator().manual_seed(0)
+    x = 1.0 + 0.01 * torch.randn(64, 2, generator=gen)
+    y = torch.zeros(64)
+    data = FederatedDataModule(TensorDataset(x, y), [np.arange(i * 16, (i + 1) * 16) for i in range(4)], batch_size=8)
+    probe = RunningVarProbe()
+    strategy = FedHetStrategy(algorithm=FedAvg(weighting="known_p"), participation=Bernoulli(0.2), local_steps=10)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=15, limit_val_batches=0, callbacks=[probe])
+    trainer.fit(BatchNormNet(), datamodule=data)
+    assert any(len(h["received"]) >= 2 for h in strategy.history)  # the case that went negative before
+    assert all(v > 0 for v in probe.minima), probe.minima
+
+
+def test_step_checkpoints_are_refused_naming_the_setting(tmp_path):
+    data = FederatedDataModule(toy_dataset(40), [np.arange(20), np.arange(20, 40)], batch_size=4)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)
+    strategy = FedHetStrategy(local_steps=4)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=3, enable_checkpointing=True, callbacks=[checkpoint])
+    with pytest.raises(RuntimeError, match="every_n_train_steps"):
+        trainer.fit(TinyClassifier(), datamodule=data)
+    assert not list(tmp_path.glob("*.ckpt"))  # nothing written that could not be resumed
