@@ -22,24 +22,19 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from torch.utils.data import DataLoader
 
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.algorithms.fedavg import FedAvg
-from lightning_fedhet.data.datamodule import FederatedDataModule, split_dataset
-from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.assembly import build_server, check_arguments
 from lightning_fedhet.engines.base import Engine
 from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.vmap import VmapEngine
-from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
-from lightning_fedhet.server import OPTIMIZER_STATES, Server
-from lightning_fedhet.system.steps import check_local_steps
+from lightning_fedhet.server import Server
 
 ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
-CLIENT_WEIGHTS = ("uniform", "samples")
 
 
 class FedHetStrategy(SingleDeviceStrategy):
@@ -107,19 +102,17 @@ class FedHetStrategy(SingleDeviceStrategy):
         )
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {engine!r}")
-        if optimizer_state not in OPTIMIZER_STATES:
-            raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
         if optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
             raise ValueError(f"optimizer_state='persist' is not supported by engine={engine!r}; use 'sequential'")
-        if client_weights not in CLIENT_WEIGHTS:
-            raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
-        if num_clients is not None and int(num_clients) < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        check_local_steps(local_steps)
-        if seed is not None and int(seed) < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if deadline is not None and latency is None:
-            raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
+        check_arguments(
+            local_steps=local_steps,
+            num_clients=num_clients,
+            seed=seed,
+            deadline=deadline,
+            latency=latency,
+            optimizer_state=optimizer_state,
+            client_weights=client_weights,
+        )
         self.algorithm = algorithm if algorithm is not None else FedAvg()
         self.participation = participation if participation is not None else Full()
         self.local_steps = local_steps
@@ -181,65 +174,29 @@ class FedHetStrategy(SingleDeviceStrategy):
         if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
         if self.server is None or self._pending_state is not None:
-            self.server = self._build_server(trainer, dataloader)
+            self.server, self.flat = build_server(
+                self.lightning_module,
+                dataloader,
+                trainer.datamodule,
+                algorithm=self.algorithm,
+                participation=self.participation,
+                local_steps=self.local_steps,
+                selection=self.selection,
+                channel=self.channel,
+                latency=self.latency,
+                deadline=self.deadline,
+                num_clients=self.num_clients,
+                partitioner=self.partitioner,
+                seed=self.seed,
+                client_weights=self.client_weights,
+                optimizer_state=self.optimizer_state_mode,
+            )
+            if self._pending_state is not None:
+                self.server.load_state_dict(self._pending_state)
+                self._pending_state = None
         self.algorithm.check_client_solver(self.optimizers[0], self.optimizer_state_mode)
         self._engine.setup(self.lightning_module, self.optimizers, self.server, self.flat, self.batch_to_device)
         return _RoundLoader(self._engine)
-
-    def _build_server(self, trainer: pl.Trainer, dataloader: object) -> Server:
-        if not isinstance(dataloader, DataLoader):
-            raise TypeError(
-                f"FedHetStrategy needs the train dataloader to be a torch DataLoader, got {type(dataloader).__name__}"
-            )
-        dataset = dataloader.dataset
-        datamodule = trainer.datamodule
-        if isinstance(datamodule, FederatedDataModule):
-            client_indices = datamodule.client_indices
-            if self.num_clients is not None and self.num_clients != len(client_indices):
-                raise ValueError(
-                    f"num_clients={self.num_clients} but the FederatedDataModule holds {len(client_indices)} clients"
-                )
-        elif self.partitioner is not None:
-            client_indices = split_dataset(dataset, self.partitioner, self.num_clients, self.seed)
-        else:
-            raise ValueError(
-                "FedHetStrategy does not know how to split the training data: use a FederatedDataModule, or pass "
-                "FedHetStrategy(num_clients=..., partitioner=IID() | Dirichlet(alpha) | index lists)"
-            )
-        batch_size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None) or 1
-        streams = ClientStreams(
-            dataset,
-            client_indices,
-            batch_size=batch_size,
-            seed=self.seed,
-            collate_fn=dataloader.collate_fn,
-            num_workers=dataloader.num_workers,
-            pin_memory=dataloader.pin_memory,
-        )
-        planner = RoundPlanner(
-            participation=self.participation,
-            algorithm=self.algorithm,
-            streams=streams,
-            local_steps=self.local_steps,
-            selection=self.selection,
-            channel=self.channel,
-            latency=self.latency,
-            deadline=self.deadline,
-            seed=self.seed,
-        )
-        self.flat = FlatModel(self.lightning_module)
-        server = Server(
-            planner,
-            self.algorithm,
-            self.flat.get(),
-            self.flat.num_parameters,
-            client_weights=self.client_weights,
-            optimizer_state=self.optimizer_state_mode,
-        )
-        if self._pending_state is not None:
-            server.load_state_dict(self._pending_state)
-            self._pending_state = None
-        return server
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._engine.on_batch_start()

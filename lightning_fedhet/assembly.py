@@ -1,0 +1,119 @@
+"""Assembling a run: from the strategy's arguments and Lightning's train dataloader to a ready Server.
+
+Shared by every Lightning adapter (one process or many), so they differ only in Lightning plumbing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lightning_fedhet.algorithms.base import Algorithm
+from lightning_fedhet.data.datamodule import FederatedDataModule, split_dataset
+from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.federation import RoundPlanner
+from lightning_fedhet.flat import FlatModel
+from lightning_fedhet.participation.base import Participation
+from lightning_fedhet.server import OPTIMIZER_STATES, Server
+from lightning_fedhet.system.steps import check_local_steps
+
+CLIENT_WEIGHTS = ("uniform", "samples")
+
+
+def check_arguments(
+    *,
+    local_steps: Any,
+    num_clients: int | None,
+    seed: int | None,
+    deadline: float | None,
+    latency: Any,
+    optimizer_state: str,
+    client_weights: str,
+) -> None:
+    """Validate the strategy's arguments at construction, before any work (each error names the parameter)."""
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
+    if client_weights not in CLIENT_WEIGHTS:
+        raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
+    if num_clients is not None and int(num_clients) < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    check_local_steps(local_steps)
+    if seed is not None and int(seed) < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    if deadline is not None and latency is None:
+        raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
+
+
+def client_streams(dataloader: object, datamodule: object, num_clients: int | None, partitioner: Any, seed: int):
+    """Per-client data streams from the train dataloader (its dataset, batch size, collate function, workers)."""
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"FedHetStrategy needs the train dataloader to be a torch DataLoader, got {type(dataloader).__name__}"
+        )
+    dataset = dataloader.dataset
+    if isinstance(datamodule, FederatedDataModule):
+        client_indices = datamodule.client_indices
+        if num_clients is not None and num_clients != len(client_indices):
+            raise ValueError(
+                f"num_clients={num_clients} but the FederatedDataModule holds {len(client_indices)} clients"
+            )
+    elif partitioner is not None:
+        client_indices = split_dataset(dataset, partitioner, num_clients, seed)
+    else:
+        raise ValueError(
+            "FedHetStrategy does not know how to split the training data: use a FederatedDataModule, or pass "
+            "FedHetStrategy(num_clients=..., partitioner=IID() | Dirichlet(alpha) | index lists)"
+        )
+    batch_size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None) or 1
+    return ClientStreams(
+        dataset,
+        client_indices,
+        batch_size=batch_size,
+        seed=seed,
+        collate_fn=dataloader.collate_fn,
+        num_workers=dataloader.num_workers,
+        pin_memory=dataloader.pin_memory,
+    )
+
+
+def build_server(
+    module: nn.Module,
+    dataloader: object,
+    datamodule: object,
+    *,
+    algorithm: Algorithm,
+    participation: Participation,
+    local_steps: Any,
+    selection: Any,
+    channel: Any,
+    latency: Any,
+    deadline: float | None,
+    num_clients: int | None,
+    partitioner: Any,
+    seed: int,
+    client_weights: str,
+    optimizer_state: str,
+) -> tuple[Server, FlatModel]:
+    """The run's Server (global model = the module's current weights) and the module's flat view."""
+    streams = client_streams(dataloader, datamodule, num_clients, partitioner, seed)
+    planner = RoundPlanner(
+        participation=participation,
+        algorithm=algorithm,
+        streams=streams,
+        local_steps=local_steps,
+        selection=selection,
+        channel=channel,
+        latency=latency,
+        deadline=deadline,
+        seed=seed,
+    )
+    flat = FlatModel(module)
+    with torch.no_grad():
+        init = flat.get()
+    server = Server(
+        planner, algorithm, init, flat.num_parameters, client_weights=client_weights, optimizer_state=optimizer_state
+    )
+    return server, flat
