@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-REPRO = Path(__file__).resolve().parents[1] / "examples" / "reproduce"
+REPRO = Path(__file__).resolve().parents[2] / "examples" / "reproduce"
 
 
 def _load(name: str):

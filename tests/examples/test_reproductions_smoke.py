@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPRO = Path(__file__).resolve().parents[1] / "examples" / "reproduce"
+REPRO = Path(__file__).resolve().parents[2] / "examples" / "reproduce"
 
 
 @pytest.fixture(scope="module")

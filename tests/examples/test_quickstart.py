@@ -11,7 +11,7 @@ from pathlib import Path
 
 from test_cli import needs_fmnist
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @needs_fmnist
