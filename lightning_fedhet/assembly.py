@@ -17,8 +17,8 @@ from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
-from lightning_fedhet.server import OPTIMIZER_STATES, Server
-from lightning_fedhet.system.steps import check_local_steps
+from lightning_fedhet.server import OPTIMIZER_STATES, Server, check_update_norm
+from lightning_fedhet.system.steps import check_local_steps, local_steps_for
 
 CLIENT_WEIGHTS = ("uniform", "samples")
 
@@ -32,8 +32,16 @@ def check_arguments(
     latency: Any,
     optimizer_state: str,
     client_weights: str,
+    participation: Participation | None = None,
+    channel: Any = None,
+    max_update_norm: float | None = None,
+    update_norm_action: str = "reject",
 ) -> None:
-    """Validate the strategy's arguments at construction, before any work (each error names the parameter)."""
+    """Validate the strategy's arguments at construction, before any work (each error names the parameter).
+
+    When ``num_clients`` is known, per-client arguments (local-step lists, per-client probabilities of the
+    participation process or the channel) are checked against it here rather than when the fit starts.
+    """
     if optimizer_state not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
     if client_weights not in CLIENT_WEIGHTS:
@@ -45,6 +53,15 @@ def check_arguments(
         raise ValueError(f"seed must be >= 0, got {seed}")
     if deadline is not None and latency is None:
         raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
+    check_update_norm(max_update_norm, update_norm_action)
+    if num_clients is None:
+        return
+    local_steps_for(local_steps, 0, int(num_clients), 0)
+    # set up with the client count only to validate lengths; the fit sets them up again with the run's seed
+    if participation is not None and not participation.needs_label_hist:
+        participation.setup(int(num_clients), 0)
+    if channel is not None:
+        channel.setup(int(num_clients), 0)
 
 
 def client_streams(dataloader: object, datamodule: object, num_clients: int | None, partitioner: Any, seed: int):
@@ -96,6 +113,8 @@ def build_server(
     seed: int,
     client_weights: str,
     optimizer_state: str,
+    max_update_norm: float | None = None,
+    update_norm_action: str = "reject",
 ) -> tuple[Server, FlatModel]:
     """The run's Server (global model = the module's current weights) and the module's flat view."""
     streams = client_streams(dataloader, datamodule, num_clients, partitioner, seed)
@@ -114,6 +133,14 @@ def build_server(
     with torch.no_grad():
         init = flat.get()
     server = Server(
-        planner, algorithm, init, flat.num_parameters, client_weights=client_weights, optimizer_state=optimizer_state
+        planner,
+        algorithm,
+        init,
+        flat.num_parameters,
+        client_weights=client_weights,
+        optimizer_state=optimizer_state,
+        init_ints=flat.get_ints(),
+        max_update_norm=max_update_norm,
+        update_norm_action=update_norm_action,
     )
     return server, flat

@@ -1,4 +1,4 @@
-"""Flat-vector view of a module's state, the representation algorithms work on (DESIGN.md §2.3)."""
+"""Flat-vector view of a module's state, the representation the server and the rules work on."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ class FlatModel:
     """Reads and writes a module's parameters and floating-point buffers as one vector ``[d]``.
 
     Parameters come first (in ``named_parameters`` order), then floating buffers such as BatchNorm
-    running statistics, so they are aggregated like parameters. Integer buffers
-    (``num_batches_tracked``) are not part of the vector.
+    running statistics. Integer buffers (``num_batches_tracked``, counters a ``training_step`` keeps) are read
+    and written separately as an int64 vector ``[m]`` (:meth:`get_ints` / :meth:`set_ints`), so they stay exact.
 
     Writing always copies, so the vector and the module never share storage.
     """
@@ -22,6 +22,9 @@ class FlatModel:
         self.numels = [t.numel() for t in self.tensors]
         self.dim = sum(self.numels)
         self.num_parameters = sum(p.numel() for p in module.parameters())
+        self.int_names = [n for n, b in module.named_buffers() if not torch.is_floating_point(b)]
+        self.int_tensors = [b for b in module.buffers() if not torch.is_floating_point(b)]
+        self.int_numels = [t.numel() for t in self.int_tensors]
 
     def get(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """A new flat copy of the module's current state, shape ``[d]``."""
@@ -35,3 +38,15 @@ class FlatModel:
         with torch.no_grad():
             for t, chunk in zip(self.tensors, torch.split(vector, self.numels)):
                 t.copy_(chunk.view_as(t))
+
+    def get_ints(self) -> Tensor:
+        """The integer buffers as one int64 vector ``[m]`` (empty when there are none)."""
+        if not self.int_tensors:
+            return torch.zeros(0, dtype=torch.int64)
+        return torch.cat([t.detach().reshape(-1).to(torch.int64).cpu() for t in self.int_tensors])
+
+    def set_ints(self, vector: Tensor) -> None:
+        """Copy an int64 vector ``[m]`` into the integer buffers."""
+        with torch.no_grad():
+            for t, chunk in zip(self.int_tensors, torch.split(vector, self.int_numels)):
+                t.copy_(chunk.view_as(t).to(t))

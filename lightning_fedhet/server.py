@@ -13,7 +13,14 @@ BatchNorm statistics, see :class:`~lightning_fedhet.flat.FlatModel`) and client 
 Parameters go through the algorithm. Floating buffers never do: they are averaged over the arrived clients
 with normalised, non-negative sample weights ``|D_i| / sum_{arrived} |D_j|`` whatever the rule, because the
 unbiased or corrective weights of the rules (``1/p_i``, ``1/(1 - q_i)``, ``1/||a_i||_1`` ...) need not sum to one
-and would drive a running variance negative.
+and would drive a running variance negative. Integer buffers (``num_batches_tracked``, a counter kept by
+``training_step``) are global state too: every client starts from the global value, and the server moves it by
+the same sample-weighted mean of the clients' changes, rounded to the nearest integer, so a counter is never
+summed over clients.
+
+Robustness: an update that is not finite, or whose parameter norm exceeds ``max_update_norm`` (with
+``update_norm_action="reject"``), is rejected and counted (``rejected_total``, ``history[t]["rejected"]``); with
+``"clip"`` it is scaled down to the bound instead.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from lightning_fedhet.federation import RoundPlan, RoundPlanner
 from lightning_fedhet.history import round_metrics, round_record
 
 OPTIMIZER_STATES = ("reset", "persist")
+UPDATE_NORM_ACTIONS = ("reject", "clip")
+#: per-client server memory above which the server suggests a smaller memory dtype
+LARGE_MEMORY_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -43,12 +53,14 @@ class ClientStart:
         config: the rule's instructions for this client (e.g. Fed-CIS's ``{"train_exit": e}``); ``{}`` if none.
         optimizer_state: the client's own optimizer state to restore (``optimizer_state="persist"``), or ``None``
             to start from a fresh optimizer state.
+        int_buffers: the global integer buffers, int64 ``[m]``.
     """
 
     client: int
     global_vector: Tensor
     config: dict = field(default_factory=dict)
     optimizer_state: list[dict] | None = None
+    int_buffers: Tensor | None = None
 
 
 class Server:
@@ -62,6 +74,9 @@ class Server:
         client_weights: ``"uniform"`` (``alpha_i = 1/N``) or ``"samples"`` (``alpha_i = |D_i| / |D|``).
         optimizer_state: ``"reset"`` (each client starts every round with a fresh optimizer state) or
             ``"persist"`` (the server keeps each client's optimizer state between its rounds).
+        init_ints: the initial integer buffers, int64 ``[m]`` (none by default).
+        max_update_norm: optional bound on the L2 norm of a client's parameter update.
+        update_norm_action: ``"reject"`` (count it like a non-finite update) or ``"clip"`` (scale it to the bound).
 
     Attributes:
         history: one dict per closed round (see :func:`~lightning_fedhet.history.round_record`).
@@ -79,9 +94,16 @@ class Server:
         num_parameters: int,
         client_weights: str = "uniform",
         optimizer_state: str = "reset",
+        init_ints: Tensor | None = None,
+        max_update_norm: float | None = None,
+        update_norm_action: str = "reject",
     ) -> None:
         if optimizer_state not in OPTIMIZER_STATES:
             raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
+        check_update_norm(max_update_norm, update_norm_action)
+        self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
+        self.update_norm_action = update_norm_action
+        self.global_ints = torch.zeros(0, dtype=torch.int64) if init_ints is None else init_ints.clone()
         self.planner = planner
         self.algorithm = algorithm
         self.num_parameters = int(num_parameters)
@@ -90,6 +112,13 @@ class Server:
         sizes = torch.as_tensor(planner.streams.sizes, dtype=torch.int64)
         alpha = sizes.to(torch.float64) if client_weights == "samples" else None
         algorithm.setup(planner.num_clients, self.global_vector[: self.num_parameters], alpha, sizes)
+        if algorithm.memory_bytes > LARGE_MEMORY_BYTES:
+            warnings.warn(
+                f"{type(algorithm).__name__} keeps {algorithm.memory_bytes / 2**20:.0f} MiB of per-client state "
+                f"(N x d = {planner.num_clients} x {self.num_parameters}), and every checkpoint carries it: pass "
+                "memory_dtype=torch.bfloat16 to halve it",
+                stacklevel=2,
+            )
         self.history: list[dict] = []
         self.rejected_total = 0
         self.next_round = 0
@@ -100,6 +129,7 @@ class Server:
         self._received: list[int] = []
         self._rejected: list[int] = []
         self._buffer_sum: Tensor | None = None
+        self._int_sum: Tensor | None = None
         self._buffer_weight = 0.0
 
     # ------------------------------------------------------------------ facts
@@ -137,7 +167,7 @@ class Server:
         self.plan = plan
         self.current_client = None
         self._received, self._rejected = [], []
-        self._buffer_sum, self._buffer_weight = None, 0.0
+        self._buffer_sum, self._int_sum, self._buffer_weight = None, None, 0.0
         self.algorithm.open_round(round, self.planner.context(plan))
         return plan
 
@@ -146,14 +176,23 @@ class Server:
         self._check_open()
         self.current_client = int(client)
         state = self._client_optimizer_states.get(client) if self.optimizer_state == "persist" else None
-        return ClientStart(int(client), self.global_vector, self.algorithm.client_config(int(client)), state)
+        config = self.algorithm.client_config(int(client))
+        return ClientStart(int(client), self.global_vector, config, state, self.global_ints)
 
-    def submit(self, client: int, delta: Tensor, loss: float, optimizer_state: list[dict] | None = None) -> bool:
+    def submit(
+        self,
+        client: int,
+        delta: Tensor,
+        loss: float,
+        optimizer_state: list[dict] | None = None,
+        int_delta: Tensor | None = None,
+    ) -> bool:
         """One trained client's update ``delta = w_i - w_t`` (shape ``[d]``) goes up.
 
         It is dropped when the uplink was lost or the deadline missed (the work is wasted), rejected and counted
-        when it is not finite (the global model never sees it), and streamed into the algorithm otherwise.
-        Returns whether it was aggregated.
+        when it is not finite or too large (the global model never sees it), and streamed into the algorithm
+        otherwise. ``int_delta`` is the change of the integer buffers (int64 ``[m]``). Returns whether it was
+        aggregated.
         """
         self._check_open()
         if optimizer_state is not None and self.optimizer_state == "persist":
@@ -161,18 +200,32 @@ class Server:
         if not bool(self.plan.arrives[client]):
             return False
         if not bool(torch.isfinite(delta).all()):
-            self._rejected.append(client)
-            self.rejected_total += 1
+            self._reject(client)
             return False
+        if self.max_update_norm is not None:
+            norm = float(torch.linalg.vector_norm(delta[: self.num_parameters].to(torch.float64)))
+            if norm > self.max_update_norm:
+                if self.update_norm_action == "reject":
+                    self._reject(client)
+                    return False
+                delta = delta.clone()
+                delta[: self.num_parameters] *= self.max_update_norm / norm
         num_samples = int(self.streams.sizes[client])
         info = ClientInfo(num_samples=num_samples, local_steps=int(self.plan.local_steps[client]), loss=float(loss))
         self.algorithm.add(client, delta[: self.num_parameters], info)
         if self.global_vector.numel() > self.num_parameters:
             buffers = delta[self.num_parameters :].to(torch.float64) * num_samples
             self._buffer_sum = buffers if self._buffer_sum is None else self._buffer_sum.add_(buffers)
-            self._buffer_weight += num_samples
+        if int_delta is not None and int_delta.numel():
+            weighted = int_delta.to(torch.float64) * num_samples
+            self._int_sum = weighted if self._int_sum is None else self._int_sum.add_(weighted)
+        self._buffer_weight += num_samples
         self._received.append(client)
         return True
+
+    def _reject(self, client: int) -> None:
+        self._rejected.append(client)
+        self.rejected_total += 1
 
     def close_round(self, complete: bool = True) -> Tensor:
         """Aggregate, record and return the new global vector ``w_{t+1}`` (shape ``[d]``).
@@ -190,6 +243,8 @@ class Server:
         vector[: self.num_parameters] = params.to(vector)
         if self._buffer_sum is not None and self._buffer_weight > 0:
             vector[self.num_parameters :] += (self._buffer_sum / self._buffer_weight).to(vector)
+        if self._int_sum is not None and self._buffer_weight > 0:
+            self.global_ints = self.global_ints + torch.round(self._int_sum / self._buffer_weight).to(torch.int64)
         self.global_vector = vector
         previous = self.history[-1]["sim_time"] if self.history else 0.0
         record = round_record(
@@ -226,6 +281,7 @@ class Server:
             )
         return {
             "global_vector": self.global_vector.clone(),
+            "global_ints": self.global_ints.clone(),
             "algorithm": self.algorithm.state_dict(),
             "history": list(self.history),
             "rejected_total": self.rejected_total,
@@ -236,8 +292,20 @@ class Server:
     def load_state_dict(self, state: dict) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
         self.global_vector = state["global_vector"].clone()
+        self.global_ints = state["global_ints"].clone()
         self.history = list(state["history"])
         self.rejected_total = int(state["rejected_total"])
         self.next_round = int(state["next_round"])
         self._client_optimizer_states = dict(state["client_optim_states"])
         self.plan = None
+
+
+def check_update_norm(max_update_norm: float | None, update_norm_action: str) -> None:
+    """Validate the robustness options (each error names the parameter and the allowed range)."""
+    if update_norm_action not in UPDATE_NORM_ACTIONS:
+        raise ValueError(f"update_norm_action must be one of {UPDATE_NORM_ACTIONS}, got {update_norm_action!r}")
+    if max_update_norm is not None:
+        if isinstance(max_update_norm, bool) or not isinstance(max_update_norm, (int, float)):
+            raise TypeError(f"max_update_norm must be a number > 0 or None, got {max_update_norm!r}")
+        if not float(max_update_norm) > 0 or max_update_norm == float("inf"):
+            raise ValueError(f"max_update_norm must be a finite number > 0, got {max_update_norm!r}")

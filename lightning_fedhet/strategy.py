@@ -14,7 +14,10 @@ the global model, and the server's state travels in Lightning's checkpoints unde
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -60,6 +63,9 @@ class FedHetStrategy(SingleDeviceStrategy):
         optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
             (each client keeps its own optimizer state across rounds; memory grows with N).
         client_weights: ``alpha_i`` passed to the algorithm: ``"uniform"`` (1/N) or ``"samples"`` (|D_i|/|D|).
+        max_update_norm: optional bound on the L2 norm of a client's parameter update (robustness).
+        update_norm_action: ``"reject"`` (such an update is rejected and counted, like a non-finite one) or
+            ``"clip"`` (it is scaled down to the bound).
         device: the device clients train on.
 
     Attributes:
@@ -92,6 +98,8 @@ class FedHetStrategy(SingleDeviceStrategy):
         seed: int | None = None,
         optimizer_state: str = "reset",
         client_weights: str = "uniform",
+        max_update_norm: float | None = None,
+        update_norm_action: str = "reject",
         device: str | torch.device = "cpu",
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
@@ -112,6 +120,10 @@ class FedHetStrategy(SingleDeviceStrategy):
             latency=latency,
             optimizer_state=optimizer_state,
             client_weights=client_weights,
+            participation=participation,
+            channel=channel,
+            max_update_norm=max_update_norm,
+            update_norm_action=update_norm_action,
         )
         self.algorithm = algorithm if algorithm is not None else FedAvg()
         self.participation = participation if participation is not None else Full()
@@ -126,6 +138,8 @@ class FedHetStrategy(SingleDeviceStrategy):
         self.seed_argument = seed
         self.optimizer_state_mode = optimizer_state
         self.client_weights = client_weights
+        self.max_update_norm = max_update_norm
+        self.update_norm_action = update_norm_action
         self.server: Server | None = None
         self.flat: FlatModel | None = None
         self._engine: Engine = ENGINES[engine]()
@@ -164,6 +178,13 @@ class FedHetStrategy(SingleDeviceStrategy):
                 f"FedHetStrategy needs Trainer(accumulate_grad_batches=1), got {trainer.accumulate_grad_batches}; "
                 "set the clients' work with local_steps instead"
             )
+        if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval < 1.0:
+            # a fraction of an epoch is undefined: rounds differ in length and are planned when they start
+            raise ValueError(
+                f"Trainer(val_check_interval={trainer.val_check_interval}) is a fraction of an epoch, but a round's "
+                "length is only known when it starts: pass an int number of steps (validation then sees the global "
+                "model) or use check_val_every_n_epoch"
+            )
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _RoundHooks) for c in trainer.callbacks):
             # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round.
@@ -190,6 +211,8 @@ class FedHetStrategy(SingleDeviceStrategy):
                 seed=self.seed,
                 client_weights=self.client_weights,
                 optimizer_state=self.optimizer_state_mode,
+                max_update_norm=self.max_update_norm,
+                update_norm_action=self.update_norm_action,
             )
             if self._pending_state is not None:
                 self.server.load_state_dict(self._pending_state)
@@ -217,7 +240,16 @@ class FedHetStrategy(SingleDeviceStrategy):
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        path = Path(checkpoint_path)
+        if path.is_file() and path.stat().st_size == 0:
+            raise ValueError(f"checkpoint {str(path)!r} is empty (0 bytes): it was not written completely")
+        try:
+            checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+            raise ValueError(
+                f"checkpoint {str(checkpoint_path)!r} cannot be read ({type(err).__name__}): the file is truncated "
+                "or is not a Lightning checkpoint"
+            ) from err
         self._pending_state = checkpoint.get("fedhet")
         return checkpoint
 

@@ -144,6 +144,8 @@ class Engine:
     def load_client(self, start: ClientStart) -> None:
         """Put the global model, the rule's config and the client's optimizer state into the module."""
         self.flat.set(start.global_vector)
+        if start.int_buffers is not None and start.int_buffers.numel():
+            self.flat.set_ints(start.int_buffers)
         self.apply_config(start.config)
         for i, optimizer in enumerate(self.optimizers):
             optimizer.state.clear()

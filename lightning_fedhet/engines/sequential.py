@@ -58,4 +58,5 @@ class SequentialEngine(Engine):
         delta = self.flat.get(server.global_vector.dtype).to(server.global_vector.device) - server.global_vector
         # one host sync per client, not per step
         loss = float(torch.stack(self._losses).float().mean()) if self._losses else float("nan")
-        server.submit(client, delta, loss, state)
+        int_delta = self.flat.get_ints() - server.global_ints if server.global_ints.numel() else None
+        server.submit(client, delta, loss, state, int_delta)
