@@ -271,12 +271,12 @@ def check_mask(values: Any, num_clients: int, name: str) -> Tensor:
     return m != 0
 
 
-def check_weights(values: Any, name: str, num_clients: int | None = None) -> Tensor:
-    """Non-negative finite weights, not all zero, returned normalised to sum to 1 (``float64`` ``[N]``)."""
+def check_weights(values: Any, name: str, num_clients: int | None = None, normalize: bool = True) -> Tensor:
+    """Finite, non-negative weights, not all zero (``float64`` ``[N]``), normalised to sum to 1 unless told not to."""
     w = check_vector(values, name, 0.0, math.inf, num_clients=num_clients)
     if not float(w.sum()) > 0:
-        raise ValueError(f"{name} must not be all zero")
-    return w / w.sum()
+        raise ValueError(f"{name} must be finite, non-negative and not all zero, got all zeros")
+    return w / w.sum() if normalize else w
 
 
 def check_distribution(values: Any, name: str, num_clients: int | None = None, atol: float = 1e-6) -> Tensor:
