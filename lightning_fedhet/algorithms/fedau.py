@@ -171,8 +171,14 @@ class FedAU(Algorithm):
     def hparams(self) -> dict:
         return {"K": self.K, "server_lr": self.server_lr}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.estimator.setup(self.num_clients)
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:

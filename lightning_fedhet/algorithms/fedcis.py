@@ -42,8 +42,8 @@ Every named strategy sums to 1 (DESIGN §4; the released code normalises every `
    :func:`code_sampling_matrix` ``(topology, {2: a, 3: b})``. Its only ``p > 0`` scripts use ``0.4-0.8``, i.e.
    ``p = 0.4`` per smaller exit in the thesis's notation, while the thesis labels those results "p = 0.2": we do
    not resolve that label.
-4. *|S_i| vs |D_i|.* ``|D_i|`` (Algorithm 6, D.11, D.53 and the code), read from ``self.client_sizes`` (set by
-   :class:`~lightning_fedhet.FedHetStrategy` after :meth:`setup`); when that is ``None`` (another runtime, unit
+4. *|S_i| vs |D_i|.* ``|D_i|`` (Algorithm 6, D.11, D.53 and the code), the ``client_sizes`` given to
+   :meth:`setup` (the server passes every client's sample count); when that is ``None`` (another runtime, unit
    tests) the topology's ``data_fraction`` is used (only ratios of sizes enter the rule). ``|D_{e,p}|`` is over
    ``C_e`` as defined above, which is exactly the code's ``e_ds_size`` for the experiments' parametrisation.
 5. *Projection and server step.* No projection (the set ``W`` of the analysis is never specified; the code has
@@ -81,6 +81,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -291,6 +292,9 @@ class FedCIS(Algorithm):
         # with an EarlyExitClassifier, node i trains exit E_i each round
     """
 
+    #: FedCIS's select() draws each node's exit; a separate strategy-level selection would bypass the draw.
+    selects_clients: ClassVar[bool] = True
+
     def __init__(
         self,
         topology: CISTopology,
@@ -370,13 +374,9 @@ class FedCIS(Algorithm):
         }
 
     def _sizes(self) -> Tensor:
+        # setup() checked client_sizes (N = num_nodes entries, integers >= 0)
         if self.client_sizes is not None:
-            sizes = torch.as_tensor(self.client_sizes, dtype=torch.float64).flatten()
-            if sizes.numel() != self.topology.num_nodes or (sizes < 0).any():
-                raise ValueError(
-                    f"client_sizes must hold |D_i| >= 0 for the {self.topology.num_nodes} nodes, got {sizes.tolist()}"
-                )
-            return sizes
+            return self.client_sizes.to(torch.float64)
         return self.topology.data_fraction.clone()
 
     def _lambda_tilde_at(self, round: int, sizes: Tensor | None) -> Tensor:
@@ -416,12 +416,18 @@ class FedCIS(Algorithm):
         return lt[None, :] * share * prob * holders
 
     # ------------------------------------------------------------------ round
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
         if int(num_clients) != self.topology.num_nodes:
             raise ValueError(
                 f"num_clients={num_clients} but the topology has {self.topology.num_nodes} nodes (client i = node i)"
             )
-        super().setup(num_clients, init_params, client_weights)
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.exits = torch.zeros(self.num_clients, dtype=torch.int64)
         self._draw_round = None
 

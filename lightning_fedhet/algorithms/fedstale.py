@@ -223,8 +223,14 @@ class FedStale(Algorithm):
         return self.memory.nbytes
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.uses_memory:
             self.memory.allocate(self.num_clients, self.params.numel(), self.client_weights, self.params.device)
         if self.estimator is not None:

@@ -113,8 +113,14 @@ class _LossyAggregator(Algorithm):
             return {}
         return {"q": self._fixed_q.tolist() if self._fixed_q is not None else self.q}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self._fixed_q is not None and self._fixed_q.numel() != self.num_clients:
             raise ValueError(f"q has {self._fixed_q.numel()} entries but num_clients={self.num_clients}")
         if self.estimator is not None:

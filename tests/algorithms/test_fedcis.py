@@ -50,8 +50,7 @@ D_ROOT_EXIT1 = torch.tensor([2.0, 4.0, 0.0])  # a root training exit 1 leaves th
 
 def run_round(algo: FedCIS, u, deltas: dict[int, torch.Tensor], sizes=(6, 2, 4)) -> torch.Tensor:
     if algo.params is None:
-        algo.setup(3, torch.ones(3))
-        algo.client_sizes = torch.tensor(sizes, dtype=torch.int64)  # |D_0| = 6, |D_1| = 2, |D_2| = 4
+        algo.setup(3, torch.ones(3), client_sizes=torch.tensor(sizes))  # |D_0| = 6, |D_1| = 2, |D_2| = 4
     algo.select(0, torch.ones(3, dtype=torch.bool), FixedUniforms(u))
     algo.open_round(0, None)
     for c, d in deltas.items():
@@ -257,8 +256,7 @@ def test_state_dict_round_trip():
             algo.close_round()
 
     a = FedCIS(topo, "balanced", p=0.2)
-    a.setup(7, torch.zeros(5))
-    a.client_sizes = torch.tensor([40, 20, 20, 10, 10, 10, 10])
+    a.setup(7, torch.zeros(5), client_sizes=torch.tensor([40, 20, 20, 10, 10, 10, 10]))
     play(a, [0, 1])
     b = FedCIS(topo, "balanced", p=0.2)
     b.load_state_dict(a.state_dict())
