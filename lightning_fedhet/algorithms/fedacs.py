@@ -224,6 +224,7 @@ class SystemEstimator:
 class _WithReplacementSampler(Algorithm):
     """K draws with replacement from ``p``; anonymous aggregation ``(1/K) sum c_m f_m delta_m`` (rule (3))."""
 
+    selects_clients = True
     uses_system = False  # whether the sampling probabilities need this round's oracle values (FedACS: True)
 
     def __init__(
@@ -270,8 +271,14 @@ class _WithReplacementSampler(Algorithm):
             out.update(estimator=self.estimator_name, ema=self.ema)
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.estimator is not None:
             self.estimator.setup(self.num_clients)
 
@@ -289,6 +296,7 @@ class _WithReplacementSampler(Algorithm):
     def observe_system(
         self,
         round: int,
+        *,
         success_probs=None,
         local_steps=None,
         participation_probs=None,
@@ -560,8 +568,14 @@ class FedACS(_WithReplacementSampler):
             out["calibrate"] = True
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self._omega_given is not None:
             check_length(self._omega_given.numel(), self.num_clients, "omega")
 
@@ -618,8 +632,14 @@ class SampledFedAvg(_WithReplacementSampler):
             out["probabilities"] = self._probs_given.tolist()
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self._probs_given is not None:
             check_length(self._probs_given.numel(), self.num_clients, "probabilities")
 
@@ -709,8 +729,14 @@ class OS(_WithReplacementSampler):
     def hparams(self) -> dict:
         return {**super().hparams(), "mix": self.mix}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.update_norms = torch.full((self.num_clients,), float("nan"), dtype=_F64)
 
     def _scores(self, system: dict[str, Tensor]) -> Tensor:
