@@ -31,7 +31,8 @@ class Cyclic(ProbabilityProcess):
     - ``offset="uniform"`` (default): uniform over the whole cycle, so every round's availability is exactly
       ``Bernoulli(active / (active + inactive))`` marginally (the paper's "to simulate a stationary random
       process").
-    - ``offset="inactive"``: FedAU's code: every client starts in its off block, at a uniform position within it.
+    - ``offset="inactive"``: FedAU's code: every client starts in its off block at a uniform position within it,
+      so its first active round is uniform on ``{0, ..., inactive - 1}``.
 
     Client ``i`` is on in round ``t`` iff ``(t + phase_i) mod (active_i + inactive_i) < active_i``; no state, any
     round in ``O(N)``.
@@ -66,7 +67,11 @@ class Cyclic(ProbabilityProcess):
         if self.offset == "uniform":
             self.phase = rng.integers(0, cycle)
         else:
-            self.phase = self.active + rng.integers(0, self.inactive)
+            # FedAU's code starts every client inactive with ``rounds_to_switch ~ randint(0, inactive - 1)``: the
+            # first active round u is uniform on {0, ..., inactive - 1}; phase = cycle - u puts round u at the
+            # start of an active block (u = 0: active from round 0).
+            first_active = rng.integers(0, self.inactive)
+            self.phase = (cycle - first_active) % cycle
         self._cycle = cycle
 
     def _sample(self, round: int) -> np.ndarray:
