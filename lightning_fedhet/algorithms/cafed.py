@@ -148,6 +148,14 @@ class MarkovAvailabilityEstimator:
 
 
 # ---------------------------------------------------------------------------------------------- ComputeWeights
+def _float64_array(x) -> np.ndarray:
+    """``x`` as a float64 numpy array; tensors through ``Tensor.numpy()`` (``np.asarray(tensor, dtype=...)`` goes
+    through ``Tensor.__array__``, which numpy 2 warns about on every call for lacking a ``copy`` keyword)."""
+    if isinstance(x, Tensor):
+        return x.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
 def proxy_error(q, alpha, gap, gamma: float, pi, kappa_bar_sq: float, bias_factor: float = 4.0) -> float:
     """CA-Fed's estimated total error, eq. 2.25 (spec §2.10)::
 
@@ -156,7 +164,7 @@ def proxy_error(q, alpha, gap, gamma: float, pi, kappa_bar_sq: float, bias_facto
     ``gap = F_hat - F_hat*`` per client, ``Gamma`` the dissimilarity estimate, ``d_TV = 1/2 ||alpha - p||_1``.
     Returns ``inf`` when ``sum pi q = 0`` (everybody excluded).
     """
-    q, alpha, gap, pi = (np.asarray(x, dtype=np.float64) for x in (q, alpha, gap, pi))
+    q, alpha, gap, pi = (_float64_array(x) for x in (q, alpha, gap, pi))
     w = pi * q
     total = w.sum()
     if not total > 0:
@@ -190,8 +198,8 @@ def compute_weights(
         the new weights, float64 ``[N]`` (same values as ``q`` for kept clients, 0 for excluded ones).
     """
     check_real(tau, "tau", 0.0)
-    q = np.array(q, dtype=np.float64)
-    alpha, gap, pi, key = (np.asarray(x, dtype=np.float64) for x in (alpha, gap, pi, key))
+    q = _float64_array(q).copy()
+    alpha, gap, pi, key = (_float64_array(x) for x in (alpha, gap, pi, key))
     eps = proxy_error(q, alpha, gap, gamma, pi, kappa_bar_sq, bias_factor)
     for i in np.argsort(-key, kind="stable"):
         if q[i] == 0.0:

@@ -61,6 +61,18 @@ def test_compute_weights_hand_made_example():
     assert int((literal > 0).sum()) == 1
 
 
+@pytest.mark.filterwarnings("error::DeprecationWarning")
+def test_compute_weights_takes_tensors_without_numpy_warnings():
+    # the rule passes float64 tensors; numpy 2 warned on every np.asarray(tensor, dtype=...) (Tensor.__array__
+    # has no copy keyword). Same hand example as above: client 2 is dropped.
+    alpha, pi, gap = torch.full((3,), 1 / 3, dtype=F64), vec(0.9, 0.9, 0.1), vec(0.1, 0.1, 1.0)
+    q = alpha / pi
+    out = compute_weights(q, alpha, gap, 1.0, pi, vec(0.0, 0.0, 0.9), kappa_bar_sq=0.1)
+    assert torch.allclose(out, torch.cat([q[:2], torch.zeros(1, dtype=F64)]))
+    assert torch.equal(q, alpha / pi)  # the input is not modified
+    assert proxy_error(out, alpha, gap, 1.0, pi, kappa_bar_sq=0.1) == pytest.approx(0.1 + 0.4 / 9)
+
+
 def test_cafed_round_drops_the_expected_client_and_aggregates_unnormalised():
     # same numbers through the rule: oracle pi/lam, probe losses [1, 1, 1] at w_0 and [1.1, 1.1, 2.0] at w_1 (beta = 1)
     # round 0: gap = 0 for everyone -> eps = 0 and no strict decrease is possible: everyone available trains
