@@ -89,7 +89,9 @@ class StaleMemory:
     def write(self, client: int, value: Tensor) -> None:
         """``h_client <- value`` (rounded to the memory dtype) and update ``H``."""
         row = self.data[client]
-        old = row.to(device=self.total.device, dtype=torch.float64)
+        # copy=True: when the memory is already fp64 on the total's device, .to() would return the row itself, the
+        # copy_ below would overwrite ``old`` too, and H would never move.
+        old = row.to(device=self.total.device, dtype=torch.float64, copy=True)
         row.copy_(value)
         new = row.to(device=self.total.device, dtype=torch.float64)
         self.total.add_(new - old, alpha=float(self.weights[client]))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from rule_rounds import F64, check_resume, close, make_ctx, random_run, run_round, setup
 
-from lightning_fedhet.algorithms import MIFA, FedAvg, FedStale, FedVARP, IntervalEstimator
+from lightning_fedhet.algorithms import MIFA, ClientInfo, FedAvg, FedStale, FedVARP, IntervalEstimator, StaleMemory
 
 
 def test_fedstale_hand_computed_known_p():
@@ -115,3 +115,45 @@ def test_bad_round_inputs():
         algo.open_round(0, make_ctx(0, 3, [0], p=[0.5, 0.0, 1.0]))
     with pytest.raises(ValueError, match="participation_probs"):
         algo.open_round(0, make_ctx(0, 3, [0]))  # unknown p
+
+
+# N = 2, alpha = 1/2, p = (0.5, 0.5) for known_p (c_i = alpha_i / p_i = 1). Round 0: client 0 sends 4; round 1:
+# client 1 sends 2; round 2: nobody; round 3: client 0 sends 1.
+MEMORY_ROUNDS = [{0: [4.0]}, {1: [2.0]}, {}, {0: [1.0]}]
+MEMORY_CASES = {
+    # MIFA (refresh, then w += (y_0 + y_1)/2; empty round applies the memory): 2, 2 + 3 = 5, 5 + 3 = 8, 8 + 1.5
+    "MIFA": (lambda dtype: MIFA(memory_dtype=dtype), [2.0, 5.0, 8.0, 9.5]),
+    # FedVARP, participating, empty round skipped: 0 + 4 = 4; (4 + 0)/2 + (2 - 0) -> 8; 8; (4 + 2)/2 + (1 - 4) -> 8
+    "FedVARP": (lambda dtype: FedVARP(memory_dtype=dtype), [4.0, 8.0, 8.0, 8.0]),
+    # FedStale(0.5), known_p: 4; 0.5 (4 + 0)/2 + (2 - 0) -> 7; 7; 0.5 (4 + 2)/2 + (1 - 0.5 * 4) -> 7.5
+    "FedStale": (lambda dtype: FedStale(beta=0.5, memory_dtype=dtype), [4.0, 7.0, 7.0, 7.5]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY_CASES))
+def test_float64_memory_gives_the_float32_result(name):
+    # A float64 memory on the parameters' device must move its running total H = sum_j alpha_j h_j like any other
+    # dtype (reading the old row must not alias the row being overwritten).
+    build, expected = MEMORY_CASES[name]
+    traj = {}
+    for dtype in (torch.float32, torch.float64):
+        algo = build(dtype)
+        algo.setup(2, torch.zeros(1))  # fp32 parameters on the CPU, like the memory's default device
+        traj[dtype] = []
+        for t, deltas in enumerate(MEMORY_ROUNDS):
+            algo.open_round(t, make_ctx(t, 2, deltas.keys(), p=[0.5, 0.5]))
+            for c, d in deltas.items():
+                algo.add(c, torch.tensor(d), ClientInfo(1, 1))
+            traj[dtype].append(float(algo.close_round()))
+        assert traj[dtype] == pytest.approx(expected, abs=1e-6), (name, dtype)
+    assert traj[torch.float64] == pytest.approx(traj[torch.float32], abs=1e-5)
+
+
+def test_stale_memory_running_total_in_float64():
+    mem = StaleMemory(torch.float64)
+    mem.allocate(2, 3, torch.tensor([0.25, 0.75], dtype=F64), torch.device("cpu"))
+    mem.write(0, torch.tensor([4.0, 0.0, -4.0]))
+    mem.write(1, torch.tensor([1.0, 1.0, 1.0]))
+    mem.write(0, torch.tensor([0.0, 8.0, 0.0]))  # replaces row 0: H = 0.25 [0, 8, 0] + 0.75 [1, 1, 1]
+    torch.testing.assert_close(mem.total, torch.tensor([0.75, 2.75, 0.75], dtype=F64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(mem.read(0, like=torch.zeros(3)), torch.tensor([0.0, 8.0, 0.0]), atol=0, rtol=0)
