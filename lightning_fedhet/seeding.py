@@ -26,6 +26,37 @@ class Stream(IntEnum):
     PROBE = 10
 
 
+# Static (not per-round) draws of a stream live under ``generator(seed, stream, STATIC_KEY, sub_key)``. Round draws
+# use ``generator(seed, stream, round)``; numpy's SeedSequence pads short entropy with zeros, so a ``sub_key >= 1``
+# keeps the two families apart for every round below ``2**32 - 1``. Each sub-key names one static draw; never reuse
+# a number for another draw (it would correlate the two).
+STATIC_KEY = 2**32 - 1
+
+
+class StaticKey(IntEnum):
+    """Sub-keys of the static draws under ``STATIC_KEY`` (the stream each one is used with in brackets)."""
+
+    LABEL_CORRELATED = 1  # [PARTICIPATION] FedAU's shared class-affinity vector
+    TWO_GROUP = 2  # [PARTICIPATION] FedStale's low-participation group
+    CAFED_CLASSES = 3  # [PARTICIPATION] CA-Fed's availability classes
+    CYCLIC_OFFSET = 4  # [PARTICIPATION] Cyclic's per-client phases
+    LATENCY_GROUPS = 5  # [LATENCY] speed-group membership
+    CAFED_LAMBDA = 6  # [PARTICIPATION] CA-Fed's weakly correlated eigenvalues
+
+
+class PartitionKey(IntEnum):
+    """First key after ``Stream.PARTITION`` of each partitioner's draws.
+
+    ``IID`` uses ``generator(seed, PARTITION)`` and ``Dirichlet`` its attempt number ``a`` (``generator(seed,
+    PARTITION, a)``); since short entropy is zero-padded these coincide with ``SHARDS`` / ``LABEL_SWAP`` for
+    ``a`` = 1, 2. The partitioners are alternatives (a ``LabelSwap`` over a ``Dirichlet`` base that needed three
+    attempts is the one overlap), and the keys are kept so existing splits stay the same.
+    """
+
+    SHARDS = 1  # generator(seed, PARTITION, SHARDS)
+    LABEL_SWAP = 2  # generator(seed, PARTITION, LABEL_SWAP, client)
+
+
 def generator(seed: int, stream: int, *keys: int) -> np.random.Generator:
     """A fresh ``numpy.random.Generator`` for ``(seed, stream, *keys)``.
 

@@ -1,4 +1,4 @@
-"""Fed-CIS on Fashion-MNIST, 7-node tree: Serving Rate vs Equal Weight (thesis ch. 5, Table 5.1 setting, scaled down).
+"""Fed-CIS on Fashion-MNIST, 7-node tree: Serving Rate vs Equal Weight, two update bases (thesis ch. 5, Table 5.1).
 
 Reproduces the comparison of thesis Table 5.1 (equal data partition, p = 0) at one serving setting (default 80-15-5)
 with :class:`~lightning_fedhet.algorithms.fedcis.FedCIS`, :class:`~lightning_fedhet.FedHetStrategy` and
@@ -20,8 +20,10 @@ local work         each node the same number of updates                ``--local
 optimiser          SGD lr 0.1 cosine, momentum 0.9, wd 5e-4, batch     SGD lr ``--lr`` 0.05 constant, momentum 0.9,
                    128, momentum kept across rounds, augmentation      wd 5e-4, batch 32, optimiser state reset each
                                                                        round, no augmentation
-aggregation        released code: global = root's trained model        thesis Algorithm 6 (``FedCIS`` default):
-                   (alias), see spec §2.11.2                           update added to ``w_t``, eta_s = 1
+aggregation        released code: global = root's trained model        both, ``--bases``: ``literal`` = Algorithm 6
+                   (alias)                                             (``FedCIS`` default, update added to
+                                                                       ``w_t``), ``root_local`` = the code's alias
+                                                                       (``aggregation_base="root_local"``); eta_s 1
 seeds              9, 42, 67                                           ``--seeds`` (0 1)
 ================== =================================================== ==============================================
 
@@ -32,11 +34,13 @@ by normalised-entropy serving (``CISAccuracy``).
 
 Run (about 3-4 minutes per run on one core; finished runs are cached as JSON and skipped)::
 
-    python examples/reproduce/fedcis_fmnist.py                       # both strategies, seeds 0 1, then the report
+    python examples/reproduce/fedcis_fmnist.py                       # 2 strategies x 2 bases x seeds 0 1, report
+    python examples/reproduce/fedcis_fmnist.py --bases literal       # Algorithm 6 only
     python examples/reproduce/fedcis_fmnist.py --report-only         # rebuild table + PNG from the JSON files
 
-Writes ``<out>/runs/<serving>_<strategy>_s<seed>.json``, ``<out>/table_<serving>.md`` and
-``<out>/fedcis_fmnist_<serving>.png`` (``--out`` defaults to ``docs/results/fedcis``).
+Writes ``<out>/runs/<serving>_<strategy>_<base>_s<seed>.json``, ``<out>/table_<serving>.md`` and
+``<out>/fedcis_fmnist_<serving>.png`` (``--out`` defaults to ``docs/results/fedcis``). Run files written before
+``--bases`` existed (``<serving>_<strategy>_s<seed>.json``) count as ``literal``.
 """
 
 from __future__ import annotations
@@ -54,12 +58,13 @@ from lightning_fedhet.model_zoo import early_exit_resnet18
 from torch.utils.data import TensorDataset
 
 from lightning_fedhet import FederatedDataModule, FedHetStrategy
-from lightning_fedhet.algorithms.fedcis import FedCIS
+from lightning_fedhet.algorithms.fedcis import AGGREGATION_BASES, FedCIS, exit_masks
 from lightning_fedhet.cis import CISTopology
 from lightning_fedhet.data import fashion_mnist
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
 
 NAMES = {"serving_rate": "Serving Rate", "equal": "Equal Weight", "flops": "FLOPS Prop", "balanced": "Balanced Adj"}
+BASE_NAMES = {"literal": "Alg. 6", "root_local": "root-local (code)"}
 DATA_SEED = 1234  # the split of the data over nodes is the same in every run (the thesis reuses index files)
 
 
@@ -100,7 +105,11 @@ class Curve(pl.Callback):
         print(f"  round {point['round']:3d}  " + "  ".join(f"{k}={v:.4f}" for k, v in point.items() if k != "round"))
 
 
-def run(strategy: str, seed: int, args, topo: CISTopology, data) -> dict:
+def label(strategy: str, base: str) -> str:
+    return f"{NAMES.get(strategy, strategy)}, {BASE_NAMES[base]}"
+
+
+def run(strategy: str, base: str, seed: int, args, topo: CISTopology, data) -> dict:
     torch.manual_seed(seed)
     pool, parts, val, test = data
     net = early_exit_resnet18(
@@ -108,7 +117,11 @@ def run(strategy: str, seed: int, args, topo: CISTopology, data) -> dict:
     )
     model = EarlyExitClassifier(model=net, num_classes=10, lr=args.lr, momentum=0.9, weight_decay=5e-4)
     kwargs = {"flops": net.exit_flops((1, 28, 28))} if strategy == "flops" else {}
-    algo = FedCIS(topo, lambda_tilde=strategy, p=args.p, **kwargs)
+    if base == "root_local":
+        # the released code's sub-model of exit e: the blocks up to the exit and that exit's head
+        units = [list(net.blocks[: net.exit_blocks[e]]) + [net.heads[e]] for e in range(net.num_exits)]
+        kwargs["exit_masks"] = exit_masks(model, units)
+    algo = FedCIS(topo, lambda_tilde=strategy, p=args.p, aggregation_base=base, **kwargs)
     fed = FedHetStrategy(algorithm=algo, local_steps=args.local_steps, seed=seed)
     dm = FederatedDataModule(
         pool, parts, batch_size=args.batch_size, val_dataset=val, test_dataset=test, eval_batch_size=500
@@ -134,6 +147,7 @@ def run(strategy: str, seed: int, args, topo: CISTopology, data) -> dict:
     node_acc = cis.last_result.node_accuracy.tolist()
     return {
         "strategy": strategy,
+        "aggregation_base": base,
         "seed": seed,
         "lambda_tilde": [float(v) for v in algo.last_lambda_tilde],
         "test_acc_exit": [float(res[f"test_acc_exit{e}"]) for e in range(1, topo.num_exits + 1)],
@@ -155,7 +169,13 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def report(args, topo: CISTopology) -> str:
     runs = sorted((args.out / "runs").glob(f"{args.serving}_*_s*.json"))
     results = [json.loads(p.read_text()) for p in runs]
-    results = [r for r in results if r["strategy"] in args.strategies and r["seed"] in args.seeds]
+    for r in results:
+        r.setdefault("aggregation_base", "literal")  # runs written before the root-local base existed
+    results = [
+        r
+        for r in results
+        if r["strategy"] in args.strategies and r["seed"] in args.seeds and r["aggregation_base"] in args.bases
+    ]
     if not results:
         raise SystemExit(f"no finished runs under {args.out / 'runs'}")
     lam = [round(float(v), 4) for v in topo.serving_rates(normalize=True)]
@@ -163,12 +183,14 @@ def report(args, topo: CISTopology) -> str:
         f"Fashion-MNIST, 7-node tree, serving {args.serving} (Lambda = {lam}), equal partition, p = {args.p}; "
         f"test accuracy (%) on the 10,000 test images, mean ± std over seeds.",
         "",
-        "| strategy | Lambda-tilde | seeds | exit 1 | exit 2 | exit 3 | CIS accuracy |",
-        "|---|---|---|---|---|---|---|",
+        "| strategy | base | Lambda-tilde | seeds | exit 1 | exit 2 | exit 3 | CIS accuracy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     summary = {}
-    for strategy in args.strategies:
-        rs = [r for r in results if r["strategy"] == strategy]
+    for base, strategy in [(b, s) for b in args.bases for s in args.strategies]:
+        rs = sorted(
+            (r for r in results if r["strategy"] == strategy and r["aggregation_base"] == base), key=lambda r: r["seed"]
+        )
         if not rs:
             continue
         cells = []
@@ -182,15 +204,16 @@ def report(args, topo: CISTopology) -> str:
         cells.append(f"**{m:.1f} ± {s:.1f}**")
         lt = "(" + ", ".join(f"{v:.3f}" for v in rs[0]["lambda_tilde"]) + ")"
         seeds = ",".join(str(r["seed"]) for r in rs)
-        lines.append(f"| {NAMES.get(strategy, strategy)} | {lt} | {seeds} | " + " | ".join(cells) + " |")
-        summary[strategy] = (rs, stats)
+        lines.append(
+            f"| {NAMES.get(strategy, strategy)} | {BASE_NAMES[base]} | {lt} | {seeds} | " + " | ".join(cells) + " |"
+        )
+        summary[label(strategy, base)] = (rs, stats)
     lines += ["", "Per seed (exit 1 / exit 2 / exit 3 / CIS, %):", ""]
-    for strategy, (rs, _) in summary.items():
+    for name, (rs, _) in summary.items():
         for r in rs:
             accs = " / ".join(f"{100 * a:.1f}" for a in r["test_acc_exit"])
             lines.append(
-                f"- {NAMES.get(strategy, strategy)}, seed {r['seed']}: {accs} / {100 * r['test_cis_acc']:.1f} "
-                f"(fit {r['fit_seconds']:.0f} s)"
+                f"- {name}, seed {r['seed']}: {accs} / {100 * r['test_cis_acc']:.1f} (fit {r['fit_seconds']:.0f} s)"
             )
     table = "\n".join(lines) + "\n"
     (args.out / f"table_{args.serving}.md").write_text(table)
@@ -204,18 +227,18 @@ def plot(args, topo: CISTopology, summary: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.5))
     keys = [f"exit{e}" for e in range(1, topo.num_exits + 1)] + ["cis"]
     labels = [f"exit {e}" for e in range(1, topo.num_exits + 1)] + ["CIS"]
     width = 0.8 / max(1, len(summary))
-    for k, (strategy, (rs, stats)) in enumerate(summary.items()):
+    for k, (name, (rs, stats)) in enumerate(summary.items()):
         xs = [i + (k - (len(summary) - 1) / 2) * width for i in range(len(keys))]
         ax0.bar(
             xs,
             [stats[key][0] for key in keys],
             width,
             yerr=[stats[key][1] for key in keys],
-            label=NAMES.get(strategy, strategy),
+            label=name,
             capsize=3,
         )
         for r in rs:
@@ -227,7 +250,7 @@ def plot(args, topo: CISTopology, summary: dict) -> None:
     ax0.set_xticks(range(len(keys)), labels)
     ax0.set_ylabel("test accuracy (%)")
     ax0.set_title(f"Fashion-MNIST, 7-node CIS, {args.serving}, after {args.rounds} rounds")
-    ax0.legend()
+    ax0.legend(fontsize=8)
     ax1.set_xlabel("round")
     ax1.set_ylabel("validation accuracy (%)")
     ax1.set_title("exit 1 (lines) and CIS (dots); solid/dashed = seeds")
@@ -241,6 +264,7 @@ def main() -> None:
     ap.add_argument("--serving", default="80-15-5")
     ap.add_argument("--partition", default="equal")
     ap.add_argument("--strategies", nargs="+", default=["serving_rate", "equal"])
+    ap.add_argument("--bases", nargs="+", choices=AGGREGATION_BASES, default=list(AGGREGATION_BASES))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--local-steps", type=int, default=10)
@@ -261,13 +285,13 @@ def main() -> None:
     if not args.report_only:
         data = split_data(topo, args.val_size)
         for seed in args.seeds:
-            for strategy in args.strategies:
-                path = args.out / "runs" / f"{args.serving}_{strategy}_s{seed}.json"
+            for base, strategy in [(b, s) for b in args.bases for s in args.strategies]:
+                path = args.out / "runs" / f"{args.serving}_{strategy}_{base}_s{seed}.json"
                 if path.exists():
                     print(f"skip {path} (done)")
                     continue
-                print(f"== {strategy} seed {seed}", flush=True)
-                result = run(strategy, seed, args, topo, data)
+                print(f"== {strategy} {base} seed {seed}", flush=True)
+                result = run(strategy, base, seed, args, topo, data)
                 path.write_text(json.dumps(result, indent=1))
                 print(
                     f"   test exits {[round(100 * a, 2) for a in result['test_acc_exit']]}  "

@@ -1,21 +1,30 @@
-"""The server-rule protocol shared by every aggregation algorithm (DESIGN.md §2.3).
+"""The server-rule protocol shared by every aggregation algorithm.
 
 Algorithms are framework-free: they see flat parameter vectors (``torch.Tensor`` of shape ``[d]``)
 and per-client metadata, never a LightningModule. A round is streamed, so the server never holds
-all of a cohort's updates at once::
+all of a cohort's updates at once. The server drives a rule in this order::
 
-    algo.setup(num_clients=N, init_params=w0, client_weights=alpha)
+    algo.setup(num_clients=N, init_params=w0, client_weights=alpha, client_sizes=sizes)
+    algo.check_client_solver(optimizer, optimizer_state)   # once, with the module's first optimizer
     for t in range(T):
+        algo.observe_system(t, success_probs=..., local_steps=..., participation_probs=...)
+        if algo.wants_probe_losses():
+            algo.observe_losses(t, losses)                 # one-batch losses at w_t, NaN where not probed
         selected = algo.select(t, available, rng)          # bool[N] (or counts[N])
+        config_i = algo.client_config(i)                   # for each client that trains
         algo.open_round(t, RoundContext(...))
         for i in arrived:
             algo.add(i, delta_i, ClientInfo(num_samples=n_i, local_steps=K_i, loss=l_i))
         w = algo.close_round()                             # new global parameters, shape [d]
+
+Every hook other than :meth:`Algorithm.add` and :meth:`Algorithm.close_round` has a no-op (or identity)
+default, so a rule overrides only what it uses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -34,8 +43,12 @@ class RoundContext:
         available: bool, clients the participation process made available.
         selected: bool, clients the server asked to train (subset of ``available``).
         received: bool, clients whose update reached the server this round.
-        participation_probs: float, the true probability that each client is selected in a round, from the
-            participation process (``None`` when it has no closed form). Rules that must not know it ignore it.
+        participation_probs: float, the probability that client ``i``'s update is **aggregated** this round:
+            ``P(available) x P(selected | available) x P(downlink) x P(uplink) x P(on time)``, computed by the
+            server from the participation process, the selection, the channel and the deadline (``None`` when
+            it has no closed form). This is the ``p_i`` that unbiased ``1/p_i`` weights divide by (FedAU paper
+            Algorithm 1, FedStale paper Eq. 7/9: ``p_i`` is the probability that the update enters the
+            aggregate, not merely that the client is asked). Rules that must not know it ignore it.
         success_probs: float, probability that a client's round trip succeeds (``None`` if unknown).
         local_steps: int, local steps each client was asked to run this round (0 if not selected).
     """
@@ -70,10 +83,17 @@ class Algorithm:
 
     The base class keeps the global parameters (``self.params``, shape ``[d]``, fp32 on CPU unless
     ``setup`` received another dtype/device), the relative client weights ``self.client_weights``
-    (``alpha_i``, shape ``[N]``, summing to 1) and the round bookkeeping. ``self.last_weights``
-    maps client id -> weight applied to its fresh update in the last closed round; the strategy
-    copies it into ``history``.
+    (``alpha_i``, shape ``[N]``, summing to 1), the clients' data sizes ``self.client_sizes`` and the round
+    bookkeeping. ``self.last_weights`` maps client id -> weight applied to its fresh update in the last closed
+    round; the server copies it into ``history``.
+
+    Attributes:
+        selects_clients: ``True`` for rules with their own sampler (their :meth:`select` is the selection);
+            the server then refuses a separate strategy-level selection at setup. ``False`` (default): the
+            rule keeps whatever the participation process and the strategy's selection give it.
     """
+
+    selects_clients: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.num_clients: int = 0
@@ -81,19 +101,28 @@ class Algorithm:
         self.client_weights: Tensor | None = None
         self.ctx: RoundContext | None = None
         self.last_weights: dict[int, float] = {}
-        # |D_i| of every client (int64 [N]), set by the strategy after setup(); rules that weigh by data
-        # held by *other* clients (FedCIS's |D_{e,p}|) read it. None when unknown.
+        # |D_i| of every client (int64 [N]) from setup(); rules that weigh by data held by *other* clients
+        # (FedCIS's |D_{e,p}|) read it. None when unknown.
         self.client_sizes: Tensor | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        """Initialise server state.
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        """Initialise server state. Called once by the server before the first round (and before
+        :meth:`check_client_solver`); subclasses that override it forward every argument.
 
         Args:
             num_clients: ``N >= 1``.
             init_params: initial global parameters ``w_0``, shape ``[d]``.
             client_weights: ``alpha_i`` (e.g. ``|D_i|``), shape ``[N]``, non-negative; normalised to
                 sum to 1. ``None`` means uniform ``1/N``.
+            client_sizes: ``|D_i|``, the number of training samples each client holds, integers ``>= 0`` of
+                shape ``[N]`` (stored as int64 ``self.client_sizes``), or ``None`` when unknown.
         """
         if int(num_clients) < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -111,6 +140,62 @@ class Algorithm:
         if (client_weights < 0).any() or not torch.isfinite(client_weights).all() or client_weights.sum() <= 0:
             raise ValueError("client_weights must be finite, non-negative and not all zero")
         self.client_weights = client_weights / client_weights.sum()
+        self.client_sizes = None if client_sizes is None else self._check_sizes(client_sizes)
+
+    def _check_sizes(self, client_sizes) -> Tensor:
+        sizes = torch.as_tensor(client_sizes)
+        if sizes.is_floating_point():
+            if not torch.isfinite(sizes).all() or (sizes != sizes.round()).any():
+                raise ValueError(f"client_sizes must be whole numbers |D_i| >= 0, got {sizes.flatten().tolist()}")
+        elif sizes.dtype == torch.bool or sizes.is_complex():
+            raise ValueError(f"client_sizes must be integers |D_i| >= 0, got dtype {sizes.dtype}")
+        sizes = sizes.flatten().to(torch.int64).cpu().clone()
+        if sizes.numel() != self.num_clients:
+            raise ValueError(f"client_sizes must have num_clients={self.num_clients} entries, got {sizes.numel()}")
+        if (sizes < 0).any():
+            raise ValueError(f"client_sizes must be >= 0 (|D_i|), got {sizes.tolist()}")
+        return sizes
+
+    def check_client_solver(self, optimizer: torch.optim.Optimizer, optimizer_state: str) -> None:
+        """Refuse a local solver this rule's formula does not describe. Default: accept any.
+
+        Called once by the server at setup, after :meth:`setup`, with the module's first optimizer and the
+        strategy's ``optimizer_state`` (``"reset"``: fresh optimizer state every round; ``"persist"``: each
+        client's state, e.g. momentum buffers, carried across rounds). Rules whose weights assume a particular
+        solver (FedNova's ``||a_i||_1``) raise ``ValueError`` naming the conflict.
+        """
+
+    def observe_system(
+        self,
+        round: int,
+        *,
+        success_probs: Tensor | None = None,
+        local_steps: Tensor | None = None,
+        participation_probs: Tensor | None = None,
+    ) -> None:
+        """The system oracle of round ``round``. Default: ignored.
+
+        Called by the server at the start of every round, before :meth:`select`, with float64 ``[N]``
+        round-trip success probabilities (``None`` without a channel), int64 ``[N]`` local steps each client
+        would run this round, and the participation probabilities (as in :class:`RoundContext`, ``None`` when
+        unknown). Samplers that need them (FedACS) override it.
+        """
+
+    def wants_probe_losses(self) -> bool:
+        """Whether the server must compute probe losses for :meth:`observe_losses` this round. Default: ``False``.
+
+        Asked by the server at the start of every round, before :meth:`select`; probing costs one forward
+        pass per available client, so rules that do not use it leave this ``False``.
+        """
+        return False
+
+    def observe_losses(self, round: int, losses: Tensor) -> None:
+        """Probe losses at ``w_t`` (CA-Fed's ``F_i(w_t)``, thesis Alg. 3 line 3). Default: ignored.
+
+        Called by the server before :meth:`select` of round ``round``, only when :meth:`wants_probe_losses`
+        returned ``True``, with float64 ``[N]`` one-batch losses of the global model on each available
+        client's data, ``NaN`` where a client was not probed.
+        """
 
     def select(self, round: int, available: Tensor, rng: np.random.Generator) -> Tensor:
         """Which available clients the server asks to train. Default: all available.
@@ -126,25 +211,36 @@ class Algorithm:
         return available.clone()
 
     def client_config(self, client: int) -> dict:
-        """Instructions for ``client``'s local training this round, called after :meth:`select`.
+        """Instructions for ``client``'s local training this round. Default: ``{}``.
 
-        The strategy passes a non-empty dict to the LightningModule's ``configure_client(**config)``
-        before the client's first local step (FedCIS sends ``{"train_exit": e}``). Default: ``{}``.
+        Called by the server after :meth:`select`, once per client that trains, before its first local step;
+        a non-empty dict goes to the LightningModule's ``configure_client(**config)`` (FedCIS sends
+        ``{"train_exit": e}``).
         """
         return {}
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of per-client server state beyond the global model (0 unless the rule keeps some, e.g. the
+        ``N x d`` stale memories of FedVARP/MIFA/FedStale). Read by the server after every round for
+        ``history``."""
+        return 0
+
     def open_round(self, round: int, ctx: RoundContext) -> None:
-        """Start aggregating round ``round``; ``ctx`` holds what the server may know."""
+        """Start aggregating round ``round``; ``ctx`` holds what the server may know. Called by the server
+        after every client of the round has trained, before the first :meth:`add`."""
         self._check_ready()
         self.ctx = ctx
         self.last_weights = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        """Absorb one arrived update ``delta = w_i - w_t`` (shape ``[d]``) of ``client``."""
+        """Absorb one arrived update ``delta = w_i - w_t`` (shape ``[d]``) of ``client``. Called by the server
+        once per accepted update (not for lost uploads nor non-finite updates), in any order."""
         raise NotImplementedError
 
     def close_round(self) -> Tensor:
-        """Finish the round and return the new global parameters ``w_{t+1}`` (shape ``[d]``)."""
+        """Finish the round and return the new global parameters ``w_{t+1}`` (shape ``[d]``). Called by the
+        server once per round, after the last :meth:`add` (also when nobody arrived)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ state
@@ -171,7 +267,8 @@ class Algorithm:
 
     def _check_update(self, client: int, delta: Tensor, accumulator: object, seen) -> None:
         """The checks every :meth:`add` starts with: the round is open (``accumulator`` is set), the client id
-        and the delta's shape are valid, and ``client`` is not already in ``seen`` this round."""
+        and the delta's shape are valid, and ``client`` is not already in ``seen`` this round (``seen`` supports
+        ``in``: a dict or a :class:`~lightning_fedhet.algorithms._weighted_sum.WeightedSum`)."""
         if accumulator is None:
             raise RuntimeError("add() called without open_round()")
         self._check_client(client, delta)

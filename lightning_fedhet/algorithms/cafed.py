@@ -25,46 +25,26 @@ round: in :meth:`select` (``available``) or, if the strategy selects by other me
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import (
+    check_choice,
+    check_int,
+    check_length,
+    check_mask,
+    check_real,
+    check_round,
+    check_vector,
+)
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 
 _F64 = torch.float64
 PI_SOURCES = ("known", "estimate")
 LOSS_SOURCES = ("train", "probe")
-
-
-def _real(value, name: str, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    v = float(value)
-    if (v <= low if low_open else v < low) or (v >= high if high_open else v > high):
-        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi}, got {value!r}")
-    return v
-
-
-def _per_client(values, name: str, low: float, high: float, low_open: bool = False) -> Tensor:
-    try:
-        v = torch.as_tensor(values, dtype=_F64).detach().flatten().cpu().clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{name} must be a sequence of numbers, got {values!r}") from err
-    bad_low = (v <= low) if low_open else (v < low)
-    if v.numel() == 0 or not torch.isfinite(v).all() or bad_low.any() or (v > high).any():
-        lo = "(" if low_open else "["
-        raise ValueError(f"{name} must lie in {lo}{low}, {high}] for every client, got {values!r}")
-    return v
-
-
-def _mask(values, n: int, name: str) -> Tensor:
-    m = torch.as_tensor(values).flatten().cpu()
-    if m.numel() != n:
-        raise ValueError(f"{name} must have num_clients={n} entries, got {m.numel()}")
-    return m != 0
+F3AST_RATES = ("ema", "code", "exact")
 
 
 def _clone(x):
@@ -104,9 +84,9 @@ class MarkovAvailabilityEstimator:
             n, m = pi_prior
         except (TypeError, ValueError) as err:
             raise ValueError(f"pi_prior must be a pair (n, m) of positive pseudo-counts, got {pi_prior!r}") from err
-        self.prior_n = _per_client(n, "pi_prior", 0.0, math.inf, low_open=True)
-        self.prior_m = _per_client(m, "pi_prior", 0.0, math.inf, low_open=True)
-        self.transition_prior = _real(transition_prior, "transition_prior", 0.0, low_open=True)
+        self.prior_n = check_vector(n, "pi_prior", 0.0, math.inf, low_open=True)
+        self.prior_m = check_vector(m, "pi_prior", 0.0, math.inf, low_open=True)
+        self.transition_prior = check_real(transition_prior, "transition_prior", 0.0, low_open=True)
         self.num_clients = 0
         self.rounds = 0
         self.active: Tensor | None = None  # int64 [N] number of active rounds
@@ -116,8 +96,8 @@ class MarkovAvailabilityEstimator:
     def setup(self, num_clients: int) -> None:
         n = self.num_clients = int(num_clients)
         for name, prior in (("n", self.prior_n), ("m", self.prior_m)):
-            if prior.numel() not in (1, n):
-                raise ValueError(f"pi_prior {name} has {prior.numel()} entries but num_clients={n}")
+            if prior.numel() != 1:
+                check_length(prior.numel(), n, f"pi_prior {name}")
         self.rounds = 0
         self.active = torch.zeros(n, dtype=torch.int64)
         self.trans = torch.zeros((n, 2, 2), dtype=torch.int64)
@@ -127,7 +107,7 @@ class MarkovAvailabilityEstimator:
         """Observe one round's availability (bool ``[N]``)."""
         if self.active is None:
             raise RuntimeError("MarkovAvailabilityEstimator.setup(num_clients) must be called first")
-        a = _mask(active, self.num_clients, "active")
+        a = check_mask(active, self.num_clients, "active")
         if self.prev is not None:
             idx = torch.arange(self.num_clients)
             self.trans[idx, self.prev.long(), a.long()] += 1
@@ -168,6 +148,14 @@ class MarkovAvailabilityEstimator:
 
 
 # ---------------------------------------------------------------------------------------------- ComputeWeights
+def _float64_array(x) -> np.ndarray:
+    """``x`` as a float64 numpy array; tensors through ``Tensor.numpy()`` (``np.asarray(tensor, dtype=...)`` goes
+    through ``Tensor.__array__``, which numpy 2 warns about on every call for lacking a ``copy`` keyword)."""
+    if isinstance(x, Tensor):
+        return x.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
 def proxy_error(q, alpha, gap, gamma: float, pi, kappa_bar_sq: float, bias_factor: float = 4.0) -> float:
     """CA-Fed's estimated total error, eq. 2.25 (spec §2.10)::
 
@@ -176,7 +164,7 @@ def proxy_error(q, alpha, gap, gamma: float, pi, kappa_bar_sq: float, bias_facto
     ``gap = F_hat - F_hat*`` per client, ``Gamma`` the dissimilarity estimate, ``d_TV = 1/2 ||alpha - p||_1``.
     Returns ``inf`` when ``sum pi q = 0`` (everybody excluded).
     """
-    q, alpha, gap, pi = (np.asarray(x, dtype=np.float64) for x in (q, alpha, gap, pi))
+    q, alpha, gap, pi = (_float64_array(x) for x in (q, alpha, gap, pi))
     w = pi * q
     total = w.sum()
     if not total > 0:
@@ -209,10 +197,9 @@ def compute_weights(
     Returns:
         the new weights, float64 ``[N]`` (same values as ``q`` for kept clients, 0 for excluded ones).
     """
-    if not tau >= 0:
-        raise ValueError(f"tau must be >= 0, got {tau!r}")
-    q = np.array(q, dtype=np.float64)
-    alpha, gap, pi, key = (np.asarray(x, dtype=np.float64) for x in (alpha, gap, pi, key))
+    check_real(tau, "tau", 0.0)
+    q = _float64_array(q).copy()
+    alpha, gap, pi, key = (_float64_array(x) for x in (alpha, gap, pi, key))
     eps = proxy_error(q, alpha, gap, gamma, pi, kappa_bar_sq, bias_factor)
     for i in np.argsort(-key, kind="stable"):
         if q[i] == 0.0:
@@ -230,24 +217,32 @@ def compute_weights(
 class _AvailabilityRule(Algorithm):
     """Observes availability once per round (in select or open_round); aggregates ``sum q_i delta_i``."""
 
+    selects_clients = True
+
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
-        self.server_lr = _real(server_lr, "server_lr", 0.0, low_open=True)
+        self.server_lr = check_real(server_lr, "server_lr", 0.0, low_open=True)
         self._observed_round: int | None = None
         self.last_available: Tensor | None = None
         self._weights: Tensor | None = None
         self._sum: Tensor | None = None
         self._raw: dict[int, float] = {}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self._observed_round = None
         self.last_available = None
 
     def _observe(self, round: int, available: Tensor) -> None:
         if self._observed_round == int(round):
             return
-        mask = _mask(available, self.num_clients, "available")
+        mask = check_mask(available, self.num_clients, "available")
         self._on_round(int(round), mask)
         self._observed_round = int(round)
         self.last_available = mask
@@ -264,7 +259,7 @@ class _AvailabilityRule(Algorithm):
     def select(self, round: int, available: Tensor, rng: np.random.Generator) -> Tensor:
         self._check_ready()
         self._observe(round, available)
-        return self._choose(_mask(available, self.num_clients, "available"))
+        return self._choose(check_mask(available, self.num_clients, "available"))
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
@@ -354,9 +349,11 @@ class CAFed(_AvailabilityRule):
     - P8 loss probe: ``loss_source="train"`` (default) feeds ``ClientInfo.loss`` (mean training loss of the client's
       local steps) of the clients that arrived into eq. 2.22 at the end of the round, so round ``t`` uses losses up
       to ``t-1``; clients that never reported a loss get the mean gap of those that did (``Gamma_hat`` is the max
-      over reporting clients; 0 before any). ``loss_source="probe"`` ignores training losses and expects the
-      strategy to call :meth:`observe_losses` with the one-batch losses of the active clients at ``w_t`` **before**
-      :meth:`select` (thesis Alg. 3 line 3).
+      over reporting clients; 0 before any). ``loss_source="probe"`` is thesis Alg. 3 line 3: the rule ignores
+      training losses and answers ``True`` to :meth:`wants_probe_losses`, so the server evaluates the global model
+      ``w_t`` on one batch of every available client and calls :meth:`observe_losses` ``(t, losses)`` **before**
+      :meth:`select` of round ``t``; round ``t``'s weights then use the losses at ``w_t``. Without that call the
+      round fails with ``RuntimeError`` (it never silently falls back to Unbiased).
     - The bias term is ``bias_factor * kappa_bar_sq * d_TV^2 * Gamma`` with the thesis' ``bias_factor = 4``; the
       authors' code omits the 4 (its ``bias_const = 1`` is ``kappa_bar_sq = 0.25`` here).
     - P12: transitions are counted per visit of the source state (unbiased), priors are ``pi_prior`` and
@@ -399,17 +396,15 @@ class CAFed(_AvailabilityRule):
         server_lr: float = 1.0,
     ) -> None:
         super().__init__(server_lr)
-        self.kappa_bar_sq = _real(kappa_bar_sq, "kappa_bar_sq", 0.0)
-        self.tau = _real(tau, "tau", 0.0)
-        self.beta = _real(beta, "beta", 0.0, 1.0, low_open=True)
-        self.bias_factor = _real(bias_factor, "bias_factor", 0.0)
+        self.kappa_bar_sq = check_real(kappa_bar_sq, "kappa_bar_sq", 0.0)
+        self.tau = check_real(tau, "tau", 0.0)
+        self.beta = check_real(beta, "beta", 0.0, 1.0, low_open=True)
+        self.bias_factor = check_real(bias_factor, "bias_factor", 0.0)
         self.strict = bool(strict)
-        if loss_source not in LOSS_SOURCES:
-            raise ValueError(f"loss_source must be one of {LOSS_SOURCES}, got {loss_source!r}")
-        self.loss_source = loss_source
-        self._pi_oracle = None if pi is None else _per_client(pi, "pi", 0.0, 1.0, low_open=True)
-        self._lam_oracle = None if lam is None else _per_client(lam, "lam", -1.0, 1.0)
-        self._f_star = None if f_star is None else _per_client(f_star, "f_star", -math.inf, math.inf)
+        self.loss_source = check_choice(loss_source, "loss_source", LOSS_SOURCES)
+        self._pi_oracle = None if pi is None else check_vector(pi, "pi", 0.0, 1.0, low_open=True)
+        self._lam_oracle = None if lam is None else check_vector(lam, "lam", -1.0, 1.0)
+        self._f_star = None if f_star is None else check_vector(f_star, "f_star", -math.inf, math.inf)
         self.estimator = MarkovAvailabilityEstimator(pi_prior, transition_prior)
         self.loss_hat: Tensor | None = None  # F_hat, nan = never reported
         self.loss_min: Tensor | None = None  # running min of F_hat
@@ -417,6 +412,7 @@ class CAFed(_AvailabilityRule):
         self.last_error: float | None = None
         self.last_gamma: float | None = None
         self._pending: dict[int, float] = {}
+        self._losses_round: int | None = None  # round of the last observe_losses
 
     def hparams(self) -> dict:
         out = {
@@ -433,14 +429,21 @@ class CAFed(_AvailabilityRule):
                 out[name] = v.tolist()
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         for name, v in (("pi", self._pi_oracle), ("lam", self._lam_oracle), ("f_star", self._f_star)):
-            if v is not None and v.numel() != self.num_clients:
-                raise ValueError(f"{name} has {v.numel()} entries but num_clients={self.num_clients}")
+            if v is not None:
+                check_length(v.numel(), self.num_clients, name)
         self.estimator.setup(self.num_clients)
         self.loss_hat = torch.full((self.num_clients,), float("nan"), dtype=_F64)
         self.loss_min = self.loss_hat.clone()
+        self._losses_round = None
 
     @property
     def pi_hat(self) -> Tensor:
@@ -452,18 +455,32 @@ class CAFed(_AvailabilityRule):
         """Correlations ``lambda_i`` used by the rule (float64 ``[N]``): oracle ``lam`` or the Bayesian estimate."""
         return self._lam_oracle.clone() if self._lam_oracle is not None else self.estimator.lam_hat()
 
-    def observe_losses(self, losses) -> None:
-        """Feed one round of losses (float ``[N]``, ``nan`` = not observed) into eq. 2.22 and the running minimum."""
+    def wants_probe_losses(self) -> bool:
+        """``True`` with ``loss_source="probe"``: the server must call :meth:`observe_losses` before :meth:`select`."""
+        return self.loss_source == "probe"
+
+    def observe_losses(self, round: int, losses: Tensor) -> None:
+        """Feed one round of losses into the filter of eq. 2.22 and the running minimum.
+
+        Args:
+            round: the round the losses belong to; with ``loss_source="probe"`` the probe at ``w_t`` of round
+                ``t``, given before :meth:`select` of that round (once per round, rounds increasing).
+            losses: float ``[N]``, ``nan`` (or any non-finite value) where a client was not probed.
+        """
         self._check_ready()
-        x = torch.as_tensor(losses, dtype=_F64).flatten().cpu()
-        if x.numel() != self.num_clients:
-            raise ValueError(f"losses must have num_clients={self.num_clients} entries, got {x.numel()}")
+        round = check_round(round)
+        if self._losses_round is not None and round <= self._losses_round:
+            raise ValueError(f"observe_losses(round={round}) after round {self._losses_round}: losses are fed "
+                             "once per round, in increasing round order")
+        x = torch.as_tensor(losses, dtype=_F64).detach().flatten().cpu()
+        check_length(x.numel(), self.num_clients, "losses")
         seen = torch.isfinite(x)
         first = seen & torch.isnan(self.loss_hat)
         again = seen & ~first
         self.loss_hat[first] = x[first]
         self.loss_hat[again] = (1.0 - self.beta) * self.loss_hat[again] + self.beta * x[again]
         self.loss_min[seen] = torch.fmin(self.loss_min[seen], self.loss_hat[seen])
+        self._losses_round = round
 
     def loss_gaps(self) -> tuple[Tensor, float]:
         """``(gap, Gamma_hat)``: ``gap_i = F_hat_i - F_hat_i*`` (>= 0; mean known gap for unknown clients)."""
@@ -476,6 +493,12 @@ class CAFed(_AvailabilityRule):
         return gap, float(gap[known].max())
 
     def _on_round(self, round: int, available: Tensor) -> None:
+        if self.loss_source == "probe" and self._losses_round != round:
+            raise RuntimeError(
+                f"CAFed(loss_source='probe') needs observe_losses({round}, losses) before select({round}): the "
+                "one-batch losses of the available clients at the current global model (thesis Alg. 3 line 3); "
+                f"the last probe was for round {self._losses_round}. Use loss_source='train' when nothing probes."
+            )
         self.estimator.update(available)
         pi, lam, alpha = self.pi_hat, self.lam_hat, self.client_weights
         gap, gamma = self.loss_gaps()
@@ -502,7 +525,7 @@ class CAFed(_AvailabilityRule):
         if self._pending:
             losses = torch.full((self.num_clients,), float("nan"), dtype=_F64)
             losses[list(self._pending)] = torch.tensor(list(self._pending.values()), dtype=_F64)
-            self.observe_losses(losses)
+            self.observe_losses(self._observed_round, losses)
         self._pending = {}
 
     def _rule_state(self) -> dict:
@@ -513,6 +536,7 @@ class CAFed(_AvailabilityRule):
             "last_q": _clone(self.last_q),
             "last_error": self.last_error,
             "last_gamma": self.last_gamma,
+            "losses_round": self._losses_round,
         }
 
     def _load_rule_state(self, state: dict) -> None:
@@ -520,6 +544,7 @@ class CAFed(_AvailabilityRule):
         self.loss_hat, self.loss_min = _clone(state["loss_hat"]), _clone(state["loss_min"])
         self.last_q = _clone(state["last_q"])
         self.last_error, self.last_gamma = state["last_error"], state["last_gamma"]
+        self._losses_round = state["losses_round"]
 
 
 # ---------------------------------------------------------------------------------------------- baselines
@@ -541,17 +566,21 @@ class AdaFed(_AvailabilityRule):
 
     def __init__(self, pi_source: str = "known", pi_prior=(1.0, 1.0), server_lr: float = 1.0) -> None:
         super().__init__(server_lr)
-        if pi_source not in PI_SOURCES:
-            raise ValueError(f"pi_source must be one of {PI_SOURCES}, got {pi_source!r}")
-        self.pi_source = pi_source
+        self.pi_source = check_choice(pi_source, "pi_source", PI_SOURCES)
         self.estimator = MarkovAvailabilityEstimator(pi_prior)
         self.last_pi: Tensor | None = None
 
     def hparams(self) -> dict:
         return {"pi_source": self.pi_source, "server_lr": self.server_lr}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.estimator.setup(self.num_clients)
 
     def _on_round(self, round: int, available: Tensor) -> None:
@@ -562,14 +591,12 @@ class AdaFed(_AvailabilityRule):
             probs = None if ctx is None else ctx.participation_probs
             if probs is None:
                 raise ValueError("AdaFed(pi_source='known') needs RoundContext.participation_probs (the true pi_i)")
-            pi = torch.as_tensor(probs, dtype=_F64).flatten().cpu()
-            if pi.numel() != self.num_clients or not torch.isfinite(pi).all() or (pi <= 0).any() or (pi > 1).any():
-                raise ValueError(f"participation_probs must have num_clients={self.num_clients} entries in (0, 1]")
+            pi = check_vector(probs, "participation_probs", 0.0, 1.0, low_open=True, num_clients=self.num_clients)
         else:
             pi = self.estimator.pi_hat()
         self.last_pi = pi
         members = ctx.selected if ctx is not None and ctx.selected is not None else self.last_available
-        members = _mask(members, self.num_clients, "selected")
+        members = check_mask(members, self.num_clients, "selected")
         raw = torch.where(members, self.client_weights / pi, torch.zeros_like(pi))
         total = float(raw.sum())
         return raw / total if total > 0 else raw
@@ -582,48 +609,92 @@ class AdaFed(_AvailabilityRule):
 
 
 class F3AST(_AvailabilityRule):
-    """F3AST as run in the thesis (Ribero et al. 2023; spec §3.4.4, authors' CA-Fed code): each round
+    """F3AST as run in the thesis' experiments (Ribero et al. 2023; thesis ch. 2 §2.5, "Benchmarks"): each round
 
-    1. ``r_i <- (1 - beta) r_i + beta * 1[i available]`` for every client (EMA of activity, rate ``beta = O(1/T)``);
+    1. update every client's activity rate ``r_i`` (see ``rate`` below);
     2. rank the available clients by ``alpha_i^2 / r_i^2`` (descending; ties: lower id first) and select the top
        ``k`` (all of them when fewer are available);
     3. ``w <- w + server_lr * sum_{i received} (alpha_i / r_i) delta_i`` (not renormalised).
 
-    It favours rarely available clients. With ``init_rate=None`` the EMA is bias-corrected (``r`` is the plain
-    activity frequency until ``~1/beta`` rounds, then forgets exponentially); otherwise ``r`` starts at
-    ``init_rate`` (scalar or ``N`` values in ``(0, 1]``, e.g. the true ``pi`` as in the authors' code) without
-    correction.
+    It favours rarely available clients. Three sources of ``r`` (``rate``):
+
+    - ``"exact"``: ``r_i = pi_i``, the oracle stationary availability (the thesis: "all the algorithms rely on the
+      exact knowledge of pi"); needs ``pi``.
+    - ``"code"``: the authors' released code (``arodio/CA-Fed``, class ``F3AST``): every round
+      ``r_i = (1 - beta) pi_i + beta * 1[i available]``, recomputed from the oracle ``pi`` (no memory across
+      rounds); needs ``pi``. An available client has ``r_i = (1 - beta) pi_i + beta``.
+    - ``"ema"`` (default; an estimator in neither the thesis nor the code): ``r_i <- (1 - beta) r_i + beta *
+      1[i available]`` carried across rounds. With ``init_rate=None`` it is bias-corrected (``r`` is the plain
+      activity frequency until ``~1/beta`` rounds, then forgets exponentially); otherwise ``r`` starts at
+      ``init_rate`` (scalar or ``N`` values in ``(0, 1]``) without correction.
 
     Args:
         k: clients per round (integer ``>= 1``; the thesis: 45 of 100, CA-Fed's mean included count).
-        beta: EMA rate in ``(0, 1]`` (thesis ``1/T``; default ``1/200``).
-        init_rate: initial ``r`` or ``None``.
+        beta: smoothness in ``(0, 1]`` (thesis ``O(1/T)``; default ``1/200``); unused with ``rate="exact"``.
+        rate: ``"ema"``, ``"code"`` or ``"exact"``.
+        pi: oracle stationary availabilities (``N`` values in ``(0, 1]``), required by ``"code"`` and ``"exact"``.
+        init_rate: initial ``r`` of ``"ema"``, or ``None``.
         server_lr: ``> 0``.
+
+    Example (the authors' code, ``beta = 0.5``)::
+
+        >>> algo = F3AST(k=1, beta=0.5, rate="code", pi=[0.2, 0.6])
+        >>> algo.setup(num_clients=2, init_params=torch.zeros(1))
+        >>> algo.select(0, torch.tensor([True, True]), None)   # r = [0.6, 0.8]: alpha^2/r^2 favours client 0
+        tensor([ True, False])
+        >>> algo.rates
+        tensor([0.6000, 0.8000], dtype=torch.float64)
     """
 
-    def __init__(self, k: int, beta: float = 0.005, init_rate=None, server_lr: float = 1.0) -> None:
+    def __init__(
+        self,
+        k: int,
+        beta: float = 0.005,
+        init_rate=None,
+        server_lr: float = 1.0,
+        rate: str = "ema",
+        pi=None,
+    ) -> None:
         super().__init__(server_lr)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or int(k) < 1:
-            raise ValueError(f"k (clients per round) must be an integer >= 1, got {k!r}")
-        self.k = int(k)
-        self.beta = _real(beta, "beta", 0.0, 1.0, low_open=True)
-        self._init = None if init_rate is None else _per_client(init_rate, "init_rate", 0.0, 1.0, low_open=True)
+        self.k = check_int(k, "k (clients per round)")
+        self.beta = check_real(beta, "beta", 0.0, 1.0, low_open=True)
+        self.rate = check_choice(rate, "rate", F3AST_RATES)
+        self._pi = None if pi is None else check_vector(pi, "pi", 0.0, 1.0, low_open=True)
+        if self.rate != "ema" and self._pi is None:
+            raise ValueError(f"F3AST(rate={rate!r}) needs the oracle stationary availabilities pi=[N values in (0, 1]]")
+        if self.rate == "ema" and self._pi is not None:
+            raise ValueError("pi is only used by rate='code' or rate='exact'; rate='ema' estimates it")
+        if self.rate != "ema" and init_rate is not None:
+            raise ValueError("init_rate is only used by rate='ema'")
+        self._init = None if init_rate is None else check_vector(init_rate, "init_rate", 0.0, 1.0, low_open=True)
         self._ema: Tensor | None = None
         self._norm: Tensor | None = None
         self.last_selected: Tensor | None = None
 
     def hparams(self) -> dict:
         out = {"k": self.k, "beta": self.beta, "server_lr": self.server_lr}
+        if self.rate != "ema":
+            out.update(rate=self.rate, pi=self._pi.tolist())
         if self._init is not None:
             out["init_rate"] = self._init.tolist()
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         n = self.num_clients
-        if self._init is not None:
-            if self._init.numel() not in (1, n):
-                raise ValueError(f"init_rate has {self._init.numel()} entries but num_clients={n}")
+        if self._pi is not None:
+            check_length(self._pi.numel(), n, "pi")
+            # "exact" never changes r; "code" overwrites it every round
+            self._ema, self._norm = self._pi.clone(), torch.ones(n, dtype=_F64)
+        elif self._init is not None:
+            if self._init.numel() != 1:
+                check_length(self._init.numel(), n, "init_rate")
             self._ema = self._init.expand(n).clone()
             self._norm = torch.ones(n, dtype=_F64)
         else:
@@ -632,7 +703,7 @@ class F3AST(_AvailabilityRule):
 
     @property
     def rates(self) -> Tensor:
-        """The activity estimates ``r_i`` (float64 ``[N]``; 0 for clients never seen available)."""
+        """The activity rates ``r_i`` of the current round (float64 ``[N]``; 0 for clients never seen available)."""
         out = torch.zeros_like(self._ema)
         pos = self._norm > 0
         out[pos] = self._ema[pos] / self._norm[pos]
@@ -640,8 +711,11 @@ class F3AST(_AvailabilityRule):
 
     def _on_round(self, round: int, available: Tensor) -> None:
         b = self.beta
-        self._ema = (1.0 - b) * self._ema + b * available.to(_F64)
-        self._norm = (1.0 - b) * self._norm + b
+        if self.rate == "ema":
+            self._ema = (1.0 - b) * self._ema + b * available.to(_F64)
+            self._norm = (1.0 - b) * self._norm + b
+        elif self.rate == "code":
+            self._ema = (1.0 - b) * self._pi + b * available.to(_F64)
         r = self.rates
         idx = torch.nonzero(available).flatten()
         score = (self.client_weights[idx] / r[idx]) ** 2

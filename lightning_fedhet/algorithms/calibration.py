@@ -37,10 +37,12 @@ what ``FedACS(calibrate=True)`` / ``CAFedAvg(calibrate=True)`` do every round.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
+
+from lightning_fedhet._checks import check_choice, check_vector, check_weights
 
 METHODS = ("fedavg", "fedacs", "cafedavg", "fedvarp", "fednova", "fedau", "os")
 TARGETS = ("client", "server")
@@ -54,25 +56,11 @@ class LRScaling(NamedTuple):
 
 
 def _vectors(omega, success_probs, norms) -> tuple[Tensor, Tensor, Tensor]:
-    omega = torch.as_tensor(omega, dtype=torch.float64).flatten()
+    """``omega`` normalised, ``s`` in ``(0, 1]`` and ``||a||_1 > 0`` per client (scalars broadcast), float64."""
+    omega = check_weights(omega, "omega")
     n = omega.numel()
-    if n == 0 or not torch.isfinite(omega).all() or (omega < 0).any() or omega.sum() <= 0:
-        raise ValueError("omega must be a non-empty vector of finite, non-negative weights, not all zero")
-    omega = omega / omega.sum()
-    success = torch.as_tensor(success_probs, dtype=torch.float64).flatten()
-    if success.numel() == 1:
-        success = success.expand(n)
-    if success.numel() != n:
-        raise ValueError(f"success_probs has {success.numel()} entries, expected {n} (one per client)")
-    if not torch.isfinite(success).all() or (success <= 0).any() or (success > 1).any():
-        raise ValueError("success_probs (1 - q_m) must lie in (0, 1] for every client")
-    norms = torch.as_tensor(norms, dtype=torch.float64).flatten()
-    if norms.numel() == 1:
-        norms = norms.expand(n)
-    if norms.numel() != n:
-        raise ValueError(f"norms has {norms.numel()} entries, expected {n} (one per client)")
-    if not torch.isfinite(norms).all() or (norms <= 0).any():
-        raise ValueError("norms (||a_m||_1, e.g. local steps) must be finite and > 0 for every client")
+    success = check_vector(success_probs, "success_probs", 0.0, 1.0, low_open=True, num_clients=n)
+    norms = check_vector(norms, "norms", 0.0, math.inf, low_open=True, num_clients=n)
     return omega, success, norms
 
 
@@ -85,8 +73,7 @@ def effective_step(method: str, omega, success_probs, norms) -> float:
         success_probs: ``s_m = 1 - q_m`` in ``(0, 1]``, shape ``[M]`` or a scalar.
         norms: ``||a_m||_1 > 0`` (local steps for plain SGD), shape ``[M]`` or a scalar.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_choice(method, "method", METHODS)
     omega, s, a = _vectors(omega, success_probs, norms)
     if method == "fedacs":
         return float(1.0 / (omega / (s * a)).sum())
@@ -115,8 +102,7 @@ def lr_scalings(omega, success_probs, norms, target: str = "client") -> dict[str
         >>> round(lr_scalings([0.5, 0.5], [1.0, 0.5], [1.0, 4.0])["fedacs"].client, 6)  # 1.5 * 0.75
         1.125
     """
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    check_choice(target, "target", TARGETS)
     anchor = effective_step("fedavg", omega, success_probs, norms)
     out: dict[str, LRScaling] = {}
     for method in METHODS:

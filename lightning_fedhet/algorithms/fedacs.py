@@ -71,13 +71,25 @@ No extra client computation is assumed.
 
 from __future__ import annotations
 
-import numbers
+import math
 import warnings
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import (
+    as_int_array,
+    check_choice,
+    check_distribution,
+    check_int,
+    check_length,
+    check_mask,
+    check_real,
+    check_vector,
+    check_weights,
+    per_client,
+)
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.algorithms.calibration import lr_scalings
 from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver
@@ -108,9 +120,7 @@ def fedacs_probabilities(omega, success_probs, norms) -> Tensor:
 
 def surrogate_weights(probabilities, success_probs, norms) -> Tensor:
     """Surrogate weights of rule (3), spec §1.6: ``Omega_m = p_m s_m a_m / sum_j p_j s_j a_j``, float64 ``[M]``."""
-    p = torch.as_tensor(probabilities, dtype=_F64).flatten()
-    if not torch.isfinite(p).all() or (p < 0).any() or p.sum() <= 0:
-        raise ValueError("probabilities must be finite, non-negative and not all zero")
+    p = check_weights(probabilities, "probabilities", normalize=False)
     _, s, a = _system_vectors(torch.ones_like(p), success_probs, norms)
     raw = p * s * a
     return raw / raw.sum()
@@ -122,14 +132,8 @@ def chi_square(omega, surrogate) -> float:
     Both vectors are normalised first; terms with ``omega_m = Omega_m = 0`` are 0, and ``inf`` is returned when
     some ``Omega_m = 0 < omega_m`` (client ``m`` can never influence the model).
     """
-    omega = torch.as_tensor(omega, dtype=_F64).flatten()
-    big = torch.as_tensor(surrogate, dtype=_F64).flatten()
-    if omega.numel() != big.numel():
-        raise ValueError(f"omega has {omega.numel()} entries but surrogate has {big.numel()}")
-    for name, v in (("omega", omega), ("surrogate", big)):
-        if not torch.isfinite(v).all() or (v < 0).any() or v.sum() <= 0:
-            raise ValueError(f"{name} must be finite, non-negative and not all zero")
-    omega, big = omega / omega.sum(), big / big.sum()
+    omega = check_weights(omega, "omega")
+    big = check_weights(surrogate, "surrogate", num_clients=omega.numel())
     if ((big == 0) & (omega > 0)).any():
         return float("inf")
     pos = big > 0
@@ -137,45 +141,12 @@ def chi_square(omega, surrogate) -> float:
 
 
 def _system_vectors(omega, success_probs, norms) -> tuple[Tensor, Tensor, Tensor]:
-    omega = torch.as_tensor(omega, dtype=_F64).flatten()
+    """``omega`` normalised, ``s`` in ``(0, 1]`` and ``||a||_1 > 0``, float64 ``[M]`` each."""
+    omega = check_weights(omega, "omega")
     n = omega.numel()
-    if n == 0 or not torch.isfinite(omega).all() or (omega < 0).any() or omega.sum() <= 0:
-        raise ValueError("omega must be a non-empty vector of finite, non-negative weights, not all zero")
-    s = torch.as_tensor(success_probs, dtype=_F64).flatten()
-    a = torch.as_tensor(norms, dtype=_F64).flatten()
-    if s.numel() != n or a.numel() != n:
-        raise ValueError(f"success_probs and norms must have {n} entries, got {s.numel()} and {a.numel()}")
-    if not torch.isfinite(s).all() or (s <= 0).any() or (s > 1).any():
-        raise ValueError("success_probs (1 - q_m) must lie in (0, 1] for every client")
-    if not torch.isfinite(a).all() or (a <= 0).any():
-        raise ValueError("norms (||a_m||_1) must be finite and > 0 for every client")
-    return omega / omega.sum(), s, a
-
-
-def _check_distribution(values, name: str) -> Tensor:
-    """A probability vector given explicitly: finite, non-negative, summing to 1 (within 1e-6)."""
-    try:
-        p = torch.as_tensor(values, dtype=_F64).flatten().clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{name} must be a sequence of probabilities, got {values!r}") from err
-    if p.numel() == 0 or not torch.isfinite(p).all() or (p < 0).any():
-        raise ValueError(f"{name} must be finite and non-negative for every client, got {values!r}")
-    if abs(float(p.sum()) - 1.0) > 1e-6:
-        raise ValueError(f"{name} must sum to 1, got sum {float(p.sum())!r}")
-    return p
-
-
-def _vector(values, n: int, name: str, low: float, high: float, low_open: bool = False) -> Tensor:
-    v = torch.as_tensor(values, dtype=_F64).detach().flatten().cpu()
-    if v.numel() == 1 and n > 1:
-        v = v.expand(n).clone()
-    if v.numel() != n:
-        raise ValueError(f"{name} must have num_clients={n} entries, got {v.numel()}")
-    bad_low = (v <= low) if low_open else (v < low)
-    if not torch.isfinite(v).all() or bad_low.any() or (v > high).any():
-        bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must lie in {bracket}{low}, {high}] for every client")
-    return v.clone()
+    s = check_vector(success_probs, "success_probs", 0.0, 1.0, low_open=True, num_clients=n)
+    a = check_vector(norms, "norms", 0.0, math.inf, low_open=True, num_clients=n)
+    return omega, s, a
 
 
 def _clone(x):
@@ -196,9 +167,7 @@ class SystemEstimator:
     """
 
     def __init__(self, rate: float = 0.1) -> None:
-        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
-            raise ValueError(f"ema (the estimator's rate) must be in (0, 1], got {rate!r}")
-        self.rate = float(rate)
+        self.rate = check_real(rate, "ema (the estimator's rate)", 0.0, 1.0, low_open=True)
         self.num_clients = 0
         self.state: dict[str, Tensor] = {}
 
@@ -255,6 +224,7 @@ class SystemEstimator:
 class _WithReplacementSampler(Algorithm):
     """K draws with replacement from ``p``; anonymous aggregation ``(1/K) sum c_m f_m delta_m`` (rule (3))."""
 
+    selects_clients = True
     uses_system = False  # whether the sampling probabilities need this round's oracle values (FedACS: True)
 
     def __init__(
@@ -270,28 +240,18 @@ class _WithReplacementSampler(Algorithm):
         min_success: float = 1e-6,
     ) -> None:
         super().__init__()
-        if isinstance(K, bool) or not isinstance(K, numbers.Integral) or int(K) < 1:
-            raise ValueError(f"K (number of draws per round) must be an integer >= 1, got {K!r}")
-        if unavailable not in UNAVAILABLE:
-            raise ValueError(f"unavailable must be one of {UNAVAILABLE}, got {unavailable!r}")
-        if isinstance(server_lr, bool) or not isinstance(server_lr, numbers.Real) or not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        self.K = check_int(K, "K (number of draws per round)")
+        self.unavailable = check_choice(unavailable, "unavailable", UNAVAILABLE)
+        self.server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True)
+        self.estimator_name = check_choice(estimator, "estimator", ESTIMATORS)
         check_local_solver(momentum, prox_mu, local_lr)
-        if not 0.0 < min_success <= 1.0:
-            raise ValueError(f"min_success must be in (0, 1], got {min_success!r}")
-        self.K = int(K)
-        self.unavailable = unavailable
-        self.server_lr = float(server_lr)
-        self.estimator_name = estimator
-        self.ema = float(ema)
+        self.min_success = check_real(min_success, "min_success", 0.0, 1.0, low_open=True)
         self.estimator = SystemEstimator(ema) if estimator == "ema" else None
+        self.ema = float(ema)
         self.momentum = float(momentum)
         self.prox_mu = float(prox_mu)
         self.local_lr = None if local_lr is None else float(local_lr)
         self._prox = self.prox_mu * self.local_lr if self.prox_mu > 0 else 0.0
-        self.min_success = float(min_success)
         self.last_probabilities: Tensor | None = None
         self.last_counts: Tensor | None = None
         self.last_system: dict[str, Tensor] | None = None
@@ -311,8 +271,14 @@ class _WithReplacementSampler(Algorithm):
             out.update(estimator=self.estimator_name, ema=self.ema)
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.estimator is not None:
             self.estimator.setup(self.num_clients)
 
@@ -330,6 +296,7 @@ class _WithReplacementSampler(Algorithm):
     def observe_system(
         self,
         round: int,
+        *,
         success_probs=None,
         local_steps=None,
         participation_probs=None,
@@ -349,18 +316,18 @@ class _WithReplacementSampler(Algorithm):
         self._check_ready()
         n = self.num_clients
         if success_probs is not None:
-            self._known["success"] = _vector(success_probs, n, "success_probs", 0.0, 1.0)
+            self._known["success"] = check_vector(success_probs, "success_probs", 0.0, 1.0, num_clients=n)
         if local_steps is not None and accumulation_norms is not None:
             raise ValueError("give local_steps or accumulation_norms, not both")
         if local_steps is not None:
-            steps = _vector(local_steps, n, "local_steps", 1.0, float("inf"))
-            if not torch.equal(steps, steps.round()):
-                raise ValueError("local_steps must be integers >= 1 for every client")
-            self._known["norms"] = self.norms_from_steps(steps.to(torch.int64))
+            steps = per_client(as_int_array(local_steps, "local_steps"), n, "local_steps")
+            self._known["norms"] = self.norms_from_steps(torch.from_numpy(steps).to(torch.int64))
         if accumulation_norms is not None:
-            self._known["norms"] = _vector(accumulation_norms, n, "accumulation_norms", 0.0, float("inf"), True)
+            self._known["norms"] = check_vector(accumulation_norms, "accumulation_norms", 0.0, math.inf, low_open=True,
+                                                num_clients=n)
         if participation_probs is not None:
-            self._known["participation"] = _vector(participation_probs, n, "participation_probs", 0.0, 1.0)
+            self._known["participation"] = check_vector(participation_probs, "participation_probs", 0.0, 1.0,
+                                                        num_clients=n)
         self._observed_round = int(round)
 
     def _system(self, round: int) -> dict[str, Tensor]:
@@ -405,10 +372,7 @@ class _WithReplacementSampler(Algorithm):
     def select(self, round: int, available: Tensor, rng: np.random.Generator) -> Tensor:
         """Draw ``K`` clients with replacement; returns int64 counts ``[N]`` (0 off the sample)."""
         self._check_ready()
-        avail = torch.as_tensor(available).flatten().cpu()
-        if avail.numel() != self.num_clients:
-            raise ValueError(f"available must have num_clients={self.num_clients} entries, got {avail.numel()}")
-        avail = avail != 0
+        avail = check_mask(available, self.num_clients, "available")
         system = self._system(round)
         scores = self._scores(system).clone()
         if self.unavailable == "renormalize":
@@ -434,11 +398,11 @@ class _WithReplacementSampler(Algorithm):
             )
         if ctx is not None and self.estimator is None:
             if ctx.success_probs is not None:
-                self._known["success"] = _vector(ctx.success_probs, self.num_clients, "success_probs", 0.0, 1.0)
+                self._known["success"] = check_vector(ctx.success_probs, "success_probs", 0.0, 1.0,
+                                                      num_clients=self.num_clients)
             if ctx.participation_probs is not None and self._known["participation"] is None:
-                self._known["participation"] = _vector(
-                    ctx.participation_probs, self.num_clients, "participation_probs", 0.0, 1.0
-                )
+                self._known["participation"] = check_vector(ctx.participation_probs, "participation_probs", 0.0, 1.0,
+                                                            num_clients=self.num_clients)
             if ctx.local_steps is not None:
                 steps = torch.as_tensor(ctx.local_steps).flatten().cpu().to(torch.int64)
                 told = steps > 0
@@ -591,7 +555,7 @@ class FedACS(_WithReplacementSampler):
         min_success: float = 1e-6,
     ) -> None:
         super().__init__(K, unavailable, server_lr, estimator, ema, momentum, prox_mu, local_lr, min_success)
-        self._omega_given = None if omega is None else _check_distribution(omega, "omega")
+        self._omega_given = None if omega is None else check_distribution(omega, "omega")
         self.calibrate = bool(calibrate)
 
     def hparams(self) -> dict:
@@ -604,10 +568,16 @@ class FedACS(_WithReplacementSampler):
             out["calibrate"] = True
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
-        if self._omega_given is not None and self._omega_given.numel() != self.num_clients:
-            raise ValueError(f"omega has {self._omega_given.numel()} entries but num_clients={self.num_clients}")
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
+        if self._omega_given is not None:
+            check_length(self._omega_given.numel(), self.num_clients, "omega")
 
     @property
     def omega(self) -> Tensor:
@@ -654,7 +624,7 @@ class SampledFedAvg(_WithReplacementSampler):
 
     def __init__(self, K: int, probabilities=None, unavailable: str = "renormalize", server_lr: float = 1.0) -> None:
         super().__init__(K, unavailable, server_lr)
-        self._probs_given = None if probabilities is None else _check_distribution(probabilities, "probabilities")
+        self._probs_given = None if probabilities is None else check_distribution(probabilities, "probabilities")
 
     def hparams(self) -> dict:
         out = super().hparams()
@@ -662,12 +632,16 @@ class SampledFedAvg(_WithReplacementSampler):
             out["probabilities"] = self._probs_given.tolist()
         return out
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
-        if self._probs_given is not None and self._probs_given.numel() != self.num_clients:
-            raise ValueError(
-                f"probabilities has {self._probs_given.numel()} entries but num_clients={self.num_clients}"
-            )
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
+        if self._probs_given is not None:
+            check_length(self._probs_given.numel(), self.num_clients, "probabilities")
 
     def _scores(self, system: dict[str, Tensor]) -> Tensor:
         return (self.client_weights if self._probs_given is None else self._probs_given).clone()
@@ -749,16 +723,20 @@ class OS(_WithReplacementSampler):
 
     def __init__(self, K: int, mix: float = 0.0, unavailable: str = "renormalize", server_lr: float = 1.0) -> None:
         super().__init__(K, unavailable, server_lr)
-        if isinstance(mix, bool) or not isinstance(mix, numbers.Real) or not 0.0 <= mix < 1.0:
-            raise ValueError(f"mix must be in [0, 1), got {mix!r}")
-        self.mix = float(mix)
+        self.mix = check_real(mix, "mix", 0.0, 1.0, high_open=True)
         self.update_norms: Tensor | None = None  # float64 [N], nan = never received
 
     def hparams(self) -> dict:
         return {**super().hparams(), "mix": self.mix}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.update_norms = torch.full((self.num_clients,), float("nan"), dtype=_F64)
 
     def _scores(self, system: dict[str, Tensor]) -> Tensor:

@@ -39,6 +39,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 
 
@@ -164,39 +165,41 @@ class FedAU(Algorithm):
         self.estimator = IntervalEstimator(K)
         self.K = self.estimator.K
         self.server_lr = float(server_lr)
-        self._sum: Tensor | None = None
+        self._sum: WeightedSum | None = None
         self._omega: Tensor | None = None
-        self._raw: dict[int, float] = {}
 
     def hparams(self) -> dict:
         return {"K": self.K, "server_lr": self.server_lr}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.estimator.setup(self.num_clients)
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
         self._omega = self.estimator.weights()
-        self._sum = torch.zeros_like(self.params)
-        self._raw = {}
+        self._sum = WeightedSum(self.params)
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        self._check_update(client, delta, self._sum, self._raw)
-        raw = float(self.client_weights[client]) * float(self._omega[client])
-        self._raw[client] = raw
-        self._sum.add_(delta.to(self._sum), alpha=raw)
+        self._check_update(client, delta, self._sum, self._sum)
+        self._sum.add(client, delta, float(self.client_weights[client]) * float(self._omega[client]))
 
     def close_round(self) -> Tensor:
         if self._sum is None:
             raise RuntimeError("close_round() called without open_round()")
-        if self._raw:
-            self.params = self.params + self.server_lr * self._sum
+        if len(self._sum) > 0:
+            self.params = self.params + self.server_lr * self._sum.total
         mask = torch.zeros(self.num_clients, dtype=torch.bool)
-        if self._raw:
-            mask[list(self._raw)] = True
+        if len(self._sum) > 0:
+            mask[list(self._sum)] = True
         self.estimator.update(mask)
-        self.last_weights = dict(self._raw)
+        self.last_weights = dict(self._sum.weights)
         self._sum = None
         return self.params
 

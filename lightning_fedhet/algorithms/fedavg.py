@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 
 WEIGHTINGS = ("participating", "all", "samples", "known_p")
@@ -56,8 +57,7 @@ class FedAvg(Algorithm):
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         self.weighting = weighting
         self.server_lr = float(server_lr)
-        self._sum: Tensor | None = None
-        self._raw: dict[int, float] = {}
+        self._sum: WeightedSum | None = None
 
     def hparams(self) -> dict:
         return {"weighting": self.weighting, "server_lr": self.server_lr}
@@ -73,8 +73,7 @@ class FedAvg(Algorithm):
                 raise ValueError(f"participation_probs must have num_clients={self.num_clients} entries")
             if not torch.isfinite(probs).all() or (probs <= 0).any() or (probs > 1).any():
                 raise ValueError("weighting='known_p' needs participation_probs in (0, 1] (> 0) for every client")
-        self._sum = torch.zeros_like(self.params)
-        self._raw = {}
+        self._sum = WeightedSum(self.params)
 
     def _raw_weight(self, client: int, info: ClientInfo) -> float:
         if self.weighting == "samples":
@@ -85,20 +84,18 @@ class FedAvg(Algorithm):
         return alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        self._check_update(client, delta, self._sum, self._raw)
-        raw = self._raw_weight(client, info)
-        self._raw[client] = raw
-        self._sum.add_(delta.to(self._sum), alpha=raw)
+        self._check_update(client, delta, self._sum, self._sum)
+        self._sum.add(client, delta, self._raw_weight(client, info))
 
     def close_round(self) -> Tensor:
         if self._sum is None:
             raise RuntimeError("close_round() called without open_round()")
         scale = 1.0
         if self.weighting in ("participating", "samples"):
-            total = sum(self._raw.values())
+            total = self._sum.weight_sum
             scale = 1.0 / total if total > 0 else 0.0
-        self.last_weights = {c: r * scale for c, r in self._raw.items()}
-        if self._raw:
-            self.params = self.params + (self.server_lr * scale) * self._sum
+        self.last_weights = self._sum.scaled_weights(scale)
+        if len(self._sum) > 0:
+            self.params = self.params + (self.server_lr * scale) * self._sum.total
         self._sum = None
         return self.params

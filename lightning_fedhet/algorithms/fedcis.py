@@ -27,13 +27,23 @@ Every named strategy sums to 1 (DESIGN §4; the released code normalises every `
 1. *Inverse vs direct probability.* Default ``prob_weighting="inverse"``: ``÷ p_{i,e}`` as in Algorithm 6 and
    (D.11), which makes the update unbiased for the surrogate objective. ``"direct"`` multiplies by ``p_{i,e}``
    like the released code (``lambda_tilde_e * c_ds_scale_factor * p_ce``). Identical when ``p = 0``.
-2. *Base of the update.* The thesis rule: pseudo-gradients are taken w.r.t. the broadcast global model ``w_t``
-   and added to ``w_t``. The released code aliases the global model to the root's locally-trained model, i.e.
-   ``w_{t+1} = w_root^{(t,K)} + sum_{c != root} a_c (w_c - w_root^{(t,K)})`` per parameter held by ``c``; that is
-   **not** reproduced. Consequence (spec §5.6): parameters used only by the deepest exit move with total weight
-   ``server_lr * Lt_E`` per round (0.05 under Serving Rate at 80-15-5) instead of being replaced by the root's
-   model, and parameters used by exits ``e..E`` only move with ``sum_{e' >= e} Lt_e'``. Nothing is renormalised
-   per parameter (that would not be Algorithm 6).
+2. *Base of the update* (``aggregation_base``). ``"literal"`` (default) is Algorithm 6, line 11: pseudo-gradients
+   are taken w.r.t. the broadcast global model ``w_t`` and added to ``w_t`` (the formula above). Parameters used
+   only by the deepest exit then move with total weight ``server_lr * Lt_E`` per round (0.05 under Serving Rate at
+   80-15-5), and parameters used by exits ``e..E`` only with ``sum_{e' >= e} Lt_e'``; nothing is renormalised per
+   parameter (that would not be Algorithm 6). ``"root_local"`` is the released code, whose global model *is* the
+   root node's model object, trained locally before the aggregation reads it::
+
+       w_{t+1} = w_r + server_lr * sum_{(c, e) in N_t, c != r}  a_c * M_e ⊙ (w_c - w_r),     w_r = w_t + delta_r
+
+   with ``r`` the root, ``a_c`` the pair weight of line 11 and ``M_e`` the 0/1 mask of the coordinates of exit
+   ``e``'s sub-model (the blocks up to exit ``e`` and exit ``e``'s own head, parameters and BatchNorm statistics:
+   the code's loop over ``blocks[:e_block]`` and ``classifiers[e_block - 1]``), given as ``exit_masks``
+   (:func:`exit_masks` builds them from a module). The root's own term vanishes (``w_r - w_r``); coordinates no
+   arriving non-root node trains are the root's model as is. When the root's update did not arrive (partial
+   participation, a lost upload; the code always has it) ``w_r = w_t``. In delta form, as computed here (one stored
+   ``delta_r`` and one running sum): ``w_{t+1} = w_t + delta_r + server_lr * (sum_c a_c M_{e_c} ⊙ delta_c -
+   sum_e A_e M_e ⊙ delta_r)``, ``A_e = sum_{c != r, e_c = e} a_c``. It needs a single root.
 3. *Meaning of p.* A scalar ``p`` is the thesis's parametrisation (§5.4, App. G: "the probability that a given
    client will train **each** of its smaller exits"): ``p_{i,e} = p`` for ``e < E_i`` and
    ``p_{i,E_i} = 1 - (E_i - 1) p`` (:func:`sampling_matrix`), so ``0 <= p <= 1 / (max_i E_i - 1)``. Any other
@@ -42,8 +52,8 @@ Every named strategy sums to 1 (DESIGN §4; the released code normalises every `
    :func:`code_sampling_matrix` ``(topology, {2: a, 3: b})``. Its only ``p > 0`` scripts use ``0.4-0.8``, i.e.
    ``p = 0.4`` per smaller exit in the thesis's notation, while the thesis labels those results "p = 0.2": we do
    not resolve that label.
-4. *|S_i| vs |D_i|.* ``|D_i|`` (Algorithm 6, D.11, D.53 and the code), read from ``self.client_sizes`` (set by
-   :class:`~lightning_fedhet.FedHetStrategy` after :meth:`setup`); when that is ``None`` (another runtime, unit
+4. *|S_i| vs |D_i|.* ``|D_i|`` (Algorithm 6, D.11, D.53 and the code), the ``client_sizes`` given to
+   :meth:`setup` (the server passes every client's sample count); when that is ``None`` (another runtime, unit
    tests) the topology's ``data_fraction`` is used (only ratios of sizes enter the rule). ``|D_{e,p}|`` is over
    ``C_e`` as defined above, which is exactly the code's ``e_ds_size`` for the experiments' parametrisation.
 5. *Projection and server step.* No projection (the set ``W`` of the analysis is never specified; the code has
@@ -81,16 +91,20 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.cis import CISTopology
+from lightning_fedhet.flat import FlatModel
 
 __all__ = [
     "FedCIS",
+    "exit_masks",
     "sampling_matrix",
     "code_sampling_matrix",
     "lambda_tilde_weights",
@@ -112,6 +126,8 @@ TABLE_D1: dict[str, tuple[float, float, float]] = {
 }
 #: ``sigma2_e`` that the released code uses for Balanced Adj: Table D.1 entries squared.
 BALANCED_SIGMA2: dict[str, tuple[float, ...]] = {k: tuple(v * v for v in vals) for k, vals in TABLE_D1.items()}
+
+AGGREGATION_BASES = ("literal", "root_local")
 
 _ROW_TOL = 1e-6
 
@@ -178,6 +194,43 @@ def _check_p_matrix(p, topology: CISTopology) -> Tensor:
         if (mat[i, ei:] > 0).any():
             raise ValueError(f"p[{i}] gives positive probability to exits beyond node {i}'s largest exit E_i={ei}")
     return mat / sums[:, None]
+
+
+def exit_masks(module: nn.Module, exit_modules: Sequence[Sequence[nn.Module]]) -> Tensor:
+    """bool ``[E, d]``: which coordinates of ``module``'s flat vector belong to each exit's sub-model.
+
+    The flat vector is :class:`~lightning_fedhet.flat.FlatModel`'s (parameters in ``module.parameters()`` order, then
+    floating buffers), the one the server aggregates. ``exit_modules[e]`` lists the modules exit ``e + 1`` uses:
+    for an :class:`~lightning_fedhet.model_zoo.EarlyExitNet` ``net``, the released code's sub-model is
+    ``list(net.blocks[: net.exit_blocks[e]]) + [net.heads[e]]`` (the blocks up to the exit and that exit's head).
+    Every parameter and floating buffer of those modules is marked.
+    """
+    flat = FlatModel(module)
+    masks = torch.zeros(len(exit_modules), flat.dim, dtype=torch.bool)
+    starts = torch.tensor([0, *flat.numels]).cumsum(0).tolist()
+    position = {id(t): (starts[k], starts[k + 1]) for k, t in enumerate(flat.tensors)}
+    for e, mods in enumerate(exit_modules):
+        for m in mods:
+            for t in (*m.parameters(), *m.buffers()):
+                if id(t) in position:  # integer buffers (num_batches_tracked) are not in the vector
+                    lo, hi = position[id(t)]
+                    masks[e, lo:hi] = True
+        if not masks[e].any():
+            raise ValueError(f"exit_modules[{e}] holds no tensor of the module's flat vector")
+    return masks
+
+
+def _check_masks(masks, num_exits: int) -> Tensor:
+    m = torch.as_tensor(masks)
+    if m.dtype != torch.bool or m.dim() != 2 or m.shape[0] != num_exits:
+        raise ValueError(
+            f"exit_masks must be a bool tensor of shape [E, d] with E = {num_exits} exits, got dtype {m.dtype} and "
+            f"shape {tuple(m.shape)}"
+        )
+    empty = [e + 1 for e in range(num_exits) if not m[e].any()]
+    if empty:
+        raise ValueError(f"exit_masks marks no coordinate for exit(s) {empty}")
+    return m.clone()
 
 
 def _check_weights(name: str, values, length: int, positive: bool = False) -> Tensor:
@@ -277,6 +330,11 @@ class FedCIS(Algorithm):
         normalize: normalise an explicit ``lambda_tilde`` tensor to sum 1 (named strategies always are).
         correct_participation: also divide by the node's selection probability
             (``RoundContext.participation_probs``); only useful under partial participation.
+        aggregation_base: ``"literal"`` (Algorithm 6: deltas added to ``w_t``, default) or ``"root_local"`` (the
+            released code: deltas relative to the root's trained model, added to it; module docstring, point 2).
+        exit_masks: bool ``[E, d]``, coordinate ``j`` of the flat vector belongs to exit ``e``'s sub-model; required
+            by ``"root_local"`` (and only used there), checked against ``d`` at :meth:`setup`. See
+            :func:`exit_masks`.
 
     Attributes:
         p_matrix: ``[N, E]`` float64 exit-sampling probabilities.
@@ -291,6 +349,9 @@ class FedCIS(Algorithm):
         # with an EarlyExitClassifier, node i trains exit E_i each round
     """
 
+    #: FedCIS's select() draws each node's exit; a separate strategy-level selection would bypass the draw.
+    selects_clients: ClassVar[bool] = True
+
     def __init__(
         self,
         topology: CISTopology,
@@ -303,6 +364,8 @@ class FedCIS(Algorithm):
         prob_weighting: str = "inverse",
         normalize: bool = True,
         correct_participation: bool = False,
+        aggregation_base: str = "literal",
+        exit_masks: Tensor | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(topology, CISTopology):
@@ -315,7 +378,23 @@ class FedCIS(Algorithm):
             raise ValueError(f"prob_weighting must be one of {PROB_WEIGHTINGS}, got {prob_weighting!r}")
         if flops_schedule not in FLOPS_SCHEDULES:
             raise ValueError(f"flops_schedule must be one of {FLOPS_SCHEDULES}, got {flops_schedule!r}")
+        if aggregation_base not in AGGREGATION_BASES:
+            raise ValueError(f"aggregation_base must be one of {AGGREGATION_BASES}, got {aggregation_base!r}")
+        if aggregation_base == "root_local":
+            if exit_masks is None:
+                raise ValueError(
+                    "aggregation_base='root_local' needs exit_masks (bool [E, d]: the coordinates of each exit's "
+                    "sub-model), e.g. fedcis.exit_masks(module, exit_modules)"
+                )
+            if len(topology.roots) != 1:
+                raise ValueError(
+                    f"aggregation_base='root_local' needs a tree with one root, got roots {list(topology.roots)}"
+                )
+        elif exit_masks is not None:
+            raise ValueError("exit_masks only applies to aggregation_base='root_local'")
         self.topology = topology
+        self.aggregation_base = aggregation_base
+        self.exit_masks = None if exit_masks is None else _check_masks(exit_masks, topology.num_exits)
         self.num_exits = topology.num_exits
         self.server_lr = float(server_lr)
         self.prob_weighting = prob_weighting
@@ -352,8 +431,9 @@ class FedCIS(Algorithm):
         self.exits = torch.zeros(topology.num_nodes, dtype=torch.int64)
         self._draw_round: int | None = None
         self._coef: Tensor | None = None
-        self._sum: Tensor | None = None
-        self._added: dict[int, float] = {}
+        self._sum: WeightedSum | None = None
+        self._root_delta: Tensor | None = None
+        self._exit_coef: list[float] = []
         self.last_exits: dict[int, int] = {}
         self.last_lambda_tilde: Tensor | None = None
 
@@ -367,16 +447,13 @@ class FedCIS(Algorithm):
             "prob_weighting": self.prob_weighting,
             "flops_schedule": self.flops_schedule,
             "correct_participation": self.correct_participation,
+            "aggregation_base": self.aggregation_base,
         }
 
     def _sizes(self) -> Tensor:
+        # setup() checked client_sizes (N = num_nodes entries, integers >= 0)
         if self.client_sizes is not None:
-            sizes = torch.as_tensor(self.client_sizes, dtype=torch.float64).flatten()
-            if sizes.numel() != self.topology.num_nodes or (sizes < 0).any():
-                raise ValueError(
-                    f"client_sizes must hold |D_i| >= 0 for the {self.topology.num_nodes} nodes, got {sizes.tolist()}"
-                )
-            return sizes
+            return self.client_sizes.to(torch.float64)
         return self.topology.data_fraction.clone()
 
     def _lambda_tilde_at(self, round: int, sizes: Tensor | None) -> Tensor:
@@ -416,12 +493,25 @@ class FedCIS(Algorithm):
         return lt[None, :] * share * prob * holders
 
     # ------------------------------------------------------------------ round
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
         if int(num_clients) != self.topology.num_nodes:
             raise ValueError(
                 f"num_clients={num_clients} but the topology has {self.topology.num_nodes} nodes (client i = node i)"
             )
-        super().setup(num_clients, init_params, client_weights)
+        if self.exit_masks is not None and self.exit_masks.shape[1] != init_params.numel():
+            raise ValueError(
+                f"exit_masks has {self.exit_masks.shape[1]} columns but the parameter vector has d = "
+                f"{init_params.numel()} entries"
+            )
+        super().setup(num_clients, init_params, client_weights, client_sizes)
+        if self.exit_masks is not None:
+            self.exit_masks = self.exit_masks.to(self.params.device)
         self.exits = torch.zeros(self.num_clients, dtype=torch.int64)
         self._draw_round = None
 
@@ -465,23 +555,48 @@ class FedCIS(Algorithm):
                 raise ValueError("correct_participation=True needs participation_probs in (0, 1] for every node")
             coef = coef / probs
         self._coef = coef
-        self._sum = torch.zeros_like(self.params)
-        self._added = {}
+        self._sum = WeightedSum(self.params)
+        self._root_delta = None
+        self._exit_coef = [0.0] * self.num_exits
+
+    @property
+    def root(self) -> int:
+        """The root node (the code's node 0, whose model the ``"root_local"`` base aliases)."""
+        return self.topology.roots[0]
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        self._check_update(client, delta, self._sum, self._added)
+        self._check_update(client, delta, self._sum, self._sum)
         w = float(self._coef[client])
-        self._added[client] = w
-        self._sum.add_(delta.to(self._sum), alpha=w)
+        if self.aggregation_base == "literal":
+            self._sum.add(client, delta, w)
+            return
+        if client == self.root:
+            # w_r - w_r = 0: the root's pair term vanishes; its delta is the base (kept until close_round)
+            self._root_delta = delta.to(self.params, copy=True)
+            self._sum.add(client, delta, 1.0, coef=0.0)
+            return
+        e = int(self.exits[client])
+        mask = self.exit_masks[e - 1]
+        self._sum.add(client, torch.where(mask, delta.to(self.params), 0.0), w)  # a_c M_e ⊙ delta_c
+        self._exit_coef[e - 1] += w  # A_e
 
     def close_round(self) -> Tensor:
         if self._sum is None:
             raise RuntimeError("close_round() called without open_round()")
-        self.last_weights = dict(self._added)
-        self.last_exits = {c: int(self.exits[c]) for c in self._added}
-        if self._added:
-            self.params = self.params + self.server_lr * self._sum
+        self.last_weights = dict(self._sum.weights)
+        self.last_exits = {c: int(self.exits[c]) for c in self._sum}
+        if len(self._sum) > 0:
+            step = self._sum.total
+            if self.aggregation_base == "root_local" and self._root_delta is not None:
+                # - sum_e A_e M_e ⊙ delta_r, then the base w_r = w_t + delta_r
+                for e, a in enumerate(self._exit_coef):
+                    if a != 0.0:
+                        step.sub_(torch.where(self.exit_masks[e], self._root_delta, 0.0), alpha=a)
+                self.params = self.params + self._root_delta + self.server_lr * step
+            else:
+                self.params = self.params + self.server_lr * step
         self._sum = None
+        self._root_delta = None
         return self.params
 
     # ------------------------------------------------------------------ state

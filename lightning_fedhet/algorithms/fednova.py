@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numbers
 
-import torch
 from torch import Tensor
 
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 
 NOVA_WEIGHTINGS = ("participating", "samples")
@@ -92,6 +92,7 @@ class FedNova(Algorithm):
 
     Example::
 
+        >>> import torch
         >>> algo = FedNova()
         >>> algo.setup(num_clients=2, init_params=torch.zeros(1))
         >>> algo.open_round(0, None)
@@ -122,8 +123,7 @@ class FedNova(Algorithm):
         self.server_lr = float(server_lr)
         self._prox = self.prox_mu * self.local_lr if self.prox_mu > 0 else 0.0
         self._norms: dict[int, float] = {}
-        self._sum: Tensor | None = None
-        self._raw: dict[int, float] = {}
+        self._sum: WeightedSum | None = None
         self._client_norms: dict[int, float] = {}
         self.last_tau_eff: float | None = None
 
@@ -145,27 +145,25 @@ class FedNova(Algorithm):
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
-        self._sum = torch.zeros_like(self.params)
-        self._raw = {}
+        self._sum = WeightedSum(self.params)
         self._client_norms = {}
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        self._check_update(client, delta, self._sum, self._raw)
+        self._check_update(client, delta, self._sum, self._sum)
         a = self.norm(info.local_steps)
         raw = float(info.num_samples) if self.weighting == "samples" else float(self.client_weights[client])
-        self._raw[client] = raw
         self._client_norms[client] = a
-        self._sum.add_(delta.to(self._sum), alpha=raw / a)
+        self._sum.add(client, delta, raw, coef=raw / a)  # records q_i (unnormalised), adds q_i delta_i / ||a_i||_1
 
     def close_round(self) -> Tensor:
         if self._sum is None:
             raise RuntimeError("close_round() called without open_round()")
-        total = sum(self._raw.values())
+        total = self._sum.weight_sum
         if total > 0:
-            tau_eff = sum(r * self._client_norms[c] for c, r in self._raw.items()) / total
+            tau_eff = sum(r * self._client_norms[c] for c, r in self._sum.weights.items()) / total
             scale = tau_eff / total
-            self.last_weights = {c: r * scale / self._client_norms[c] for c, r in self._raw.items()}
-            self.params = self.params + (self.server_lr * scale) * self._sum
+            self.last_weights = {c: r * scale / self._client_norms[c] for c, r in self._sum.weights.items()}
+            self.params = self.params + (self.server_lr * scale) * self._sum.total
         else:
             self.last_weights = {}
         self.last_tau_eff = tau_eff if total > 0 else None

@@ -43,6 +43,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.algorithms.fedau import IntervalEstimator
 
@@ -88,7 +89,9 @@ class StaleMemory:
     def write(self, client: int, value: Tensor) -> None:
         """``h_client <- value`` (rounded to the memory dtype) and update ``H``."""
         row = self.data[client]
-        old = row.to(device=self.total.device, dtype=torch.float64)
+        # copy=True: when the memory is already fp64 on the total's device, .to() would return the row itself, the
+        # copy_ below would overwrite ``old`` too, and H would never move.
+        old = row.to(device=self.total.device, dtype=torch.float64, copy=True)
         row.copy_(value)
         new = row.to(device=self.total.device, dtype=torch.float64)
         self.total.add_(new - old, alpha=float(self.weights[client]))
@@ -195,10 +198,9 @@ class FedStale(Algorithm):
             raise ValueError("p_source='fedau' only applies to weighting='known_p' ('participating' uses no p_i)")
         self.fedau_K = None if self.estimator is None else self.estimator.K
         self.memory = StaleMemory(memory_dtype, memory_device)
-        self._fresh: Tensor | None = None
+        self._fresh: WeightedSum | None = None
         self._stale: Tensor | None = None
         self._probs: Tensor | None = None
-        self._raw: dict[int, float] = {}
 
     # ------------------------------------------------------------------ config
     def hparams(self) -> dict:
@@ -223,8 +225,14 @@ class FedStale(Algorithm):
         return self.memory.nbytes
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.uses_memory:
             self.memory.allocate(self.num_clients, self.params.numel(), self.client_weights, self.params.device)
         if self.estimator is not None:
@@ -239,10 +247,9 @@ class FedStale(Algorithm):
             else:
                 probs = None if ctx is None else ctx.participation_probs
                 self._probs = _check_probs(probs, self.num_clients, "participation_probs")
-        self._fresh = torch.zeros_like(self.params)
+        self._fresh = WeightedSum(self.params)
         # beta * sum_j alpha_j h_j with the memory *before* this round's replacements.
         self._stale = (self.beta * self.memory.total) if self.uses_memory else None
-        self._raw = {}
 
     def _raw_weight(self, client: int) -> float:
         alpha = float(self.client_weights[client])
@@ -251,35 +258,35 @@ class FedStale(Algorithm):
         return alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        self._check_update(client, delta, self._fresh, self._raw)
+        self._check_update(client, delta, self._fresh, self._fresh)
         raw = self._raw_weight(client)
-        self._raw[client] = raw
-        delta = delta.to(self._fresh)
+        delta = delta.to(self._fresh.total)
         if self.uses_memory:
-            old = self.memory.read(client, like=self._fresh)
-            self._fresh.add_(delta - self.beta * old, alpha=raw)
+            old = self.memory.read(client, like=self._fresh.total)
+            self._fresh.add(client, delta - self.beta * old, raw)  # c_i (delta_i - beta h_i)
             self.memory.write(client, delta)
         else:
-            self._fresh.add_(delta, alpha=raw)
+            self._fresh.add(client, delta, raw)
 
     def close_round(self) -> Tensor:
         if self._fresh is None:
             raise RuntimeError("close_round() called without open_round()")
         scale = 1.0
+        arrived = len(self._fresh) > 0
         if self.weighting == "participating":
-            total = sum(self._raw.values())
+            total = self._fresh.weight_sum
             scale = 1.0 / total if total > 0 else 0.0
-        self.last_weights = {c: r * scale for c, r in self._raw.items()}
-        apply_stale = self.uses_memory and (bool(self._raw) or self.empty_round == "stale")
-        if self._raw or apply_stale:
-            step = (self.server_lr * scale) * self._fresh
+        self.last_weights = self._fresh.scaled_weights(scale)
+        apply_stale = self.uses_memory and (arrived or self.empty_round == "stale")
+        if arrived or apply_stale:
+            step = (self.server_lr * scale) * self._fresh.total
             if apply_stale:
                 step = step + (self.server_lr * self._stale).to(step)
             self.params = self.params + step
         if self.estimator is not None:
             mask = torch.zeros(self.num_clients, dtype=torch.bool)
-            if self._raw:
-                mask[list(self._raw)] = True
+            if arrived:
+                mask[list(self._fresh)] = True
             self.estimator.update(mask)
         self._fresh = self._stale = None
         return self.params

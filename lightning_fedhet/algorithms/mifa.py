@@ -79,8 +79,14 @@ class MIFA(Algorithm):
         """Bytes held by the ``N x d`` memory (``N * d * element_size``)."""
         return self.memory.nbytes
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         self.memory.allocate(self.num_clients, self.params.numel(), self.client_weights, self.params.device)
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 
 Q_SOURCES = ("known", "estimate")
@@ -104,8 +105,7 @@ class _LossyAggregator(Algorithm):
                 raise ValueError(f"q (loss probabilities) must lie in [0, 1) for every client, got {q!r}")
             self._fixed_q = fixed
             self.q = "fixed"
-        self._sum: Tensor | None = None
-        self._raw: dict[int, float] = {}
+        self._sum: WeightedSum | None = None
         self._success: Tensor | None = None
 
     def hparams(self) -> dict:
@@ -113,8 +113,14 @@ class _LossyAggregator(Algorithm):
             return {}
         return {"q": self._fixed_q.tolist() if self._fixed_q is not None else self.q}
 
-    def setup(self, num_clients: int, init_params: Tensor, client_weights: Tensor | None = None) -> None:
-        super().setup(num_clients, init_params, client_weights)
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
         if self._fixed_q is not None and self._fixed_q.numel() != self.num_clients:
             raise ValueError(f"q has {self._fixed_q.numel()} entries but num_clients={self.num_clients}")
         if self.estimator is not None:
@@ -140,18 +146,15 @@ class _LossyAggregator(Algorithm):
         if self.estimator is not None and (ctx is None or ctx.selected is None):
             raise ValueError("q='estimate' needs RoundContext.selected to count transmission attempts")
         self._success = self._success_probs(ctx) if self.uses_q else None
-        self._sum = torch.zeros_like(self.params)
-        self._raw = {}
+        self._sum = WeightedSum(self.params)
 
     def _raw_weight(self, client: int) -> float:
         alpha = float(self.client_weights[client])
         return alpha / float(self._success[client]) if self.uses_q else alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
-        self._check_update(client, delta, self._sum, self._raw)
-        raw = self._raw_weight(client)
-        self._raw[client] = raw
-        self._sum.add_(delta.to(self._sum), alpha=raw)
+        self._check_update(client, delta, self._sum, self._sum)
+        self._sum.add(client, delta, self._raw_weight(client))
 
     def close_round(self) -> Tensor:
         if self._sum is None:
@@ -159,8 +162,8 @@ class _LossyAggregator(Algorithm):
         self.params = self._combine()
         if self.estimator is not None:
             arrived = torch.zeros(self.num_clients, dtype=torch.bool)
-            if self._raw:
-                arrived[list(self._raw)] = True
+            if len(self._sum) > 0:
+                arrived[list(self._sum)] = True
             self.estimator.update(self.ctx.selected, arrived)
         self._sum = None
         return self.params
@@ -212,10 +215,10 @@ class UPGAPL(_LossyAggregator):
         return {**super().hparams(), "server_lr": self.server_lr}
 
     def _combine(self) -> Tensor:
-        self.last_weights = dict(self._raw)
-        if not self._raw:
+        self.last_weights = dict(self._sum.weights)
+        if len(self._sum) == 0:
             return self.params
-        return self.params + self.server_lr * self._sum
+        return self.params + self.server_lr * self._sum.total
 
 
 class DMAPL(_LossyAggregator):
@@ -230,12 +233,12 @@ class DMAPL(_LossyAggregator):
         super().__init__("known")
 
     def _combine(self) -> Tensor:
-        total = sum(self._raw.values())
+        total = self._sum.weight_sum
         if total <= 0:
             self.last_weights = {}
             return self.params
-        self.last_weights = {c: r / total for c, r in self._raw.items()}
-        return self.params + (1.0 / total) * self._sum
+        self.last_weights = {c: r / total for c, r in self._sum.weights.items()}
+        return self.params + (1.0 / total) * self._sum.total
 
 
 class UDMAPL(_LossyAggregator):
@@ -257,8 +260,8 @@ class UDMAPL(_LossyAggregator):
         return {**super().hparams(), "empty_round": self.empty_round}
 
     def _combine(self) -> Tensor:
-        self.last_weights = dict(self._raw)
-        if not self._raw:
+        self.last_weights = dict(self._sum.weights)
+        if len(self._sum) == 0:
             if self.empty_round == "keep":
                 return self.params
             if not self._warned:
@@ -271,4 +274,4 @@ class UDMAPL(_LossyAggregator):
                 self._warned = True
             return torch.zeros_like(self.params)
         # sum_i c_i (w_t + delta_i) = (sum_i c_i) w_t + sum_i c_i delta_i
-        return sum(self._raw.values()) * self.params + self._sum
+        return self._sum.weight_sum * self.params + self._sum.total

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_fedhet.seeding import Stream, generator
+from lightning_fedhet._checks import check_int, check_real
+from lightning_fedhet.seeding import PartitionKey, Stream, generator
 
 
 def _check_num_clients(num_clients: int, num_samples: int) -> int:
-    if int(num_clients) != num_clients or int(num_clients) < 1:
-        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients}")
+    num_clients = check_int(num_clients, "num_clients")
     if num_clients > num_samples:
         raise ValueError(f"num_clients={num_clients} exceeds the number of samples ({num_samples})")
     return int(num_clients)
@@ -60,13 +60,9 @@ class Dirichlet(Partitioner):
     """
 
     def __init__(self, alpha: float, min_samples: int = 1, max_tries: int = 1000) -> None:
-        if not (np.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"alpha must be a finite number > 0, got {alpha}")
-        if int(min_samples) < 0:
-            raise ValueError(f"min_samples must be >= 0, got {min_samples}")
-        self.alpha = float(alpha)
-        self.min_samples = int(min_samples)
-        self.max_tries = int(max_tries)
+        self.alpha = check_real(alpha, "alpha", 0.0, np.inf, low_open=True, high_open=True)
+        self.min_samples = check_int(min_samples, "min_samples", 0)
+        self.max_tries = check_int(max_tries, "max_tries")
 
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
         if labels is None:
@@ -111,9 +107,7 @@ class Shards(Partitioner):
     """
 
     def __init__(self, classes_per_client: int) -> None:
-        if int(classes_per_client) != classes_per_client or classes_per_client < 1:
-            raise ValueError(f"classes_per_client must be an integer >= 1, got {classes_per_client}")
-        self.classes_per_client = int(classes_per_client)
+        self.classes_per_client = check_int(classes_per_client, "classes_per_client")
 
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
         labels = np.asarray(labels).reshape(-1)
@@ -122,7 +116,7 @@ class Shards(Partitioner):
         c = self.classes_per_client
         if c > len(classes):
             raise ValueError(f"classes_per_client must be <= the number of classes ({len(classes)}), got {c}")
-        rng = generator(seed, Stream.PARTITION, 1)
+        rng = generator(seed, Stream.PARTITION, PartitionKey.SHARDS)
         order = rng.permutation(classes)
         holders: dict[int, list[int]] = {int(k): [] for k in classes}
         for i in range(num_clients):
@@ -162,8 +156,7 @@ class LabelSwap(Partitioner):
         base: Partitioner | None = None,
         swap_clients: list[int] | None = None,
     ) -> None:
-        if not 0.0 <= float(fraction) <= 1.0:
-            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        fraction = check_real(fraction, "fraction", 0.0, 1.0)
         pairs = tuple(tuple(int(v) for v in p) for p in pairs)
         if not pairs or any(len(p) != 2 or p[0] == p[1] for p in pairs):
             raise ValueError(f"pairs must be a non-empty list of two distinct labels each, got {pairs}")
@@ -184,7 +177,7 @@ class LabelSwap(Partitioner):
             if not 0 <= i < len(client_indices):
                 raise ValueError(f"swap_clients holds {i}, outside [0, {len(client_indices)})")
             a, b = self.pairs[i % len(self.pairs)]
-            rng = generator(seed, Stream.PARTITION, 2, i)
+            rng = generator(seed, Stream.PARTITION, PartitionKey.LABEL_SWAP, i)
             own = np.asarray(client_indices[i])
             for src, dst in ((a, b), (b, a)):
                 members = own[original[own] == src]

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_int, check_round
 from lightning_fedhet.seeding import Stream, generator
 
 
@@ -29,9 +30,7 @@ class Participation:
         self.seed: int = 0
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
-        if int(num_clients) < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        self.num_clients = int(num_clients)
+        self.num_clients = check_int(num_clients, "num_clients")
         self.seed = int(seed)
 
     def _check_setup(self) -> None:
@@ -49,8 +48,7 @@ class Participation:
     def sample(self, round: int) -> Tensor:
         """Availability mask of round ``round`` (0-based): ``torch.bool`` of shape ``[N]``."""
         self._check_setup()
-        if int(round) < 0:
-            raise ValueError(f"round must be >= 0, got {round}")
+        check_round(round)
         return torch.from_numpy(np.ascontiguousarray(self._sample(int(round)), dtype=bool))
 
     @property

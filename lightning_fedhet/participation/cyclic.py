@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from lightning_fedhet._checks import check_choice, check_int
 from lightning_fedhet.participation._process import ProbabilityProcess, fmt_spec
-from lightning_fedhet.participation._validate import KEY_CYCLIC_OFFSET, STATIC_KEY, as_int
 from lightning_fedhet.participation.recipes import Recipe, check_prob_spec, resolve_probs
-from lightning_fedhet.seeding import Stream, generator
+from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 
 
 class Cyclic(ProbabilityProcess):
@@ -26,12 +26,13 @@ class Cyclic(ProbabilityProcess):
     ``p = 0`` gives ``1 / period``).
 
     Phase offsets (fedau.md §6.2 pitfall 6), one per client, drawn once from
-    ``generator(seed, Stream.PARTICIPATION, STATIC_KEY, 4)``:
+    ``generator(seed, Stream.PARTICIPATION, STATIC_KEY, StaticKey.CYCLIC_OFFSET)``:
 
     - ``offset="uniform"`` (default): uniform over the whole cycle, so every round's availability is exactly
       ``Bernoulli(active / (active + inactive))`` marginally (the paper's "to simulate a stationary random
       process").
-    - ``offset="inactive"``: FedAU's code: every client starts in its off block, at a uniform position within it.
+    - ``offset="inactive"``: FedAU's code: every client starts in its off block at a uniform position within it,
+      so its first active round is uniform on ``{0, ..., inactive - 1}``.
 
     Client ``i`` is on in round ``t`` iff ``(t + phase_i) mod (active_i + inactive_i) < active_i``; no state, any
     round in ``O(N)``.
@@ -44,13 +45,11 @@ class Cyclic(ProbabilityProcess):
 
     def __init__(self, period: int, p: Any, offset: str = "uniform") -> None:
         super().__init__()
-        self.period = as_int(period, "period")
+        self.period = check_int(period, "period")
         self._p_spec = check_prob_spec(p, "p")
         if isinstance(self._p_spec, Recipe) and self._p_spec.returns_lam:
             raise ValueError(f"p={self._p_spec!r} also fixes Markov correlations (lam); use Markov(p=...) with it")
-        if offset not in ("uniform", "inactive"):
-            raise ValueError(f"offset must be 'uniform' or 'inactive', got {offset!r}")
-        self.offset = offset
+        self.offset = check_choice(offset, "offset", ("uniform", "inactive"))
         self.active = self.inactive = self.phase = np.empty(0, dtype=np.int64)
 
     @staticmethod
@@ -64,11 +63,15 @@ class Cyclic(ProbabilityProcess):
         p, _ = resolve_probs(self._p_spec, self.num_clients, self.seed, label_hist, "p")
         self.active, self.inactive = self.block_lengths(self.period, p)
         cycle = self.active + self.inactive
-        rng = generator(self.seed, Stream.PARTICIPATION, STATIC_KEY, KEY_CYCLIC_OFFSET)
+        rng = generator(self.seed, Stream.PARTICIPATION, STATIC_KEY, StaticKey.CYCLIC_OFFSET)
         if self.offset == "uniform":
             self.phase = rng.integers(0, cycle)
         else:
-            self.phase = self.active + rng.integers(0, self.inactive)
+            # FedAU's code starts every client inactive with ``rounds_to_switch ~ randint(0, inactive - 1)``: the
+            # first active round u is uniform on {0, ..., inactive - 1}; phase = cycle - u puts round u at the
+            # start of an active block (u = 0: active from round 0).
+            first_active = rng.integers(0, self.inactive)
+            self.phase = (cycle - first_active) % cycle
         self._cycle = cycle
 
     def _sample(self, round: int) -> np.ndarray:

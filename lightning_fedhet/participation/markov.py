@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import as_prob_array, check_int, per_client
 from lightning_fedhet.participation._process import ProbabilityProcess, fmt_spec
-from lightning_fedhet.participation._validate import as_int, as_prob_array, per_client
 from lightning_fedhet.participation.recipes import Recipe, check_prob_spec, resolve_probs
 
 
@@ -59,7 +59,7 @@ class Markov(ProbabilityProcess):
     def __init__(self, p: Any = None, lam: Any = None, *, p_on: Any = None, p_off: Any = None, max_on: Any = None,
                  block: int = 128) -> None:
         super().__init__()
-        self.block = as_int(block, "block")
+        self.block = check_int(block, "block")
         given = {k for k, v in dict(p=p, lam=lam, p_on=p_on, p_off=p_off, max_on=max_on).items() if v is not None}
         recipe_lam = isinstance(p, Recipe) and p.returns_lam
         if given == {"p", "lam"} or (given == {"p"} and recipe_lam):

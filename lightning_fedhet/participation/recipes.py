@@ -27,18 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fedhet.participation._validate import (
-    KEY_CAFED_CLASSES,
-    KEY_CAFED_LAMBDA,
-    KEY_LABEL_CORRELATED,
-    KEY_TWO_GROUP,
-    STATIC_KEY,
-    as_float_array,
-    as_prob_array,
-    check_range,
-    per_client,
-)
-from lightning_fedhet.seeding import Stream, generator
+from lightning_fedhet._checks import as_float_array, as_prob_array, check_choice, check_range, per_client
+from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 
 
 class Recipe:
@@ -55,7 +45,7 @@ class Recipe:
         raise NotImplementedError
 
 
-def _static_rng(seed: int, key: int) -> np.random.Generator:
+def _static_rng(seed: int, key: StaticKey) -> np.random.Generator:
     return generator(seed, Stream.PARTICIPATION, STATIC_KEY, key)
 
 
@@ -86,7 +76,7 @@ class LabelCorrelated(Recipe):
 
     def affinity(self, num_classes: int, seed: int) -> np.ndarray:
         """The shared class-affinity vector ``q`` (float64 ``[C]``, sums to 1) for this seed."""
-        return _static_rng(seed, KEY_LABEL_CORRELATED).dirichlet(np.full(int(num_classes), self.alpha))
+        return _static_rng(seed, StaticKey.LABEL_CORRELATED).dirichlet(np.full(int(num_classes), self.alpha))
 
     def probabilities(self, label_hist: np.ndarray, seed: int) -> np.ndarray:
         """Per-client participation probabilities (float64 ``[N]``) from label histograms ``[N, C]``."""
@@ -149,7 +139,7 @@ class TwoGroup(Recipe):
         n_low = int(np.floor(self.low_fraction * num_clients))
         mask = np.zeros(num_clients, dtype=bool)
         if self.shuffle:
-            mask[_static_rng(seed, KEY_TWO_GROUP).permutation(num_clients)[:n_low]] = True
+            mask[_static_rng(seed, StaticKey.TWO_GROUP).permutation(num_clients)[:n_low]] = True
         else:
             mask[num_clients - n_low:] = True
         return mask
@@ -198,9 +188,7 @@ class CAFedClasses(Recipe):
         self.g = float(check_range(as_float_array(g, "g"), "g", 0.0, 0.5, low_open=True, high_open=True))
         self.nu = float(check_range(as_float_array(nu, "nu"), "nu", -1.0, 1.0, low_open=True, high_open=True))
         self.eps = float(check_range(as_float_array(eps, "eps"), "eps", 0.0, np.inf, high_open=True))
-        if composition not in ("thesis", "code"):
-            raise ValueError(f"composition must be 'thesis' or 'code', got {composition!r}")
-        self.composition = composition
+        self.composition = check_choice(composition, "composition", ("thesis", "code"))
         self.shuffle = bool(shuffle)
 
     def classes(self, num_clients: int, seed: int) -> np.ndarray:
@@ -217,14 +205,14 @@ class CAFedClasses(Recipe):
         ids[less_corr] = 2
         ids[less_weak] = 3
         if self.shuffle:
-            ids = ids[_static_rng(seed, KEY_CAFED_CLASSES).permutation(num_clients)]
+            ids = ids[_static_rng(seed, StaticKey.CAFED_CLASSES).permutation(num_clients)]
         return ids
 
     def resolve(self, num_clients: int, seed: int, label_hist: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
         ids = self.classes(num_clients, seed)
         pi = np.where(ids <= 1, 0.5 + self.g, 0.5 - self.g)
-        noise = _static_rng(seed, KEY_CAFED_LAMBDA).normal(0.0, self.eps, num_clients)
+        noise = _static_rng(seed, StaticKey.CAFED_LAMBDA).normal(0.0, self.eps, num_clients)
         weak = noise if self.composition == "thesis" else 0.5 * (noise + self.eps)
         lam = np.where((ids == 0) | (ids == 2), self.nu, weak)
         low = np.maximum(1.0 - 1.0 / pi, 1.0 - 1.0 / (1.0 - pi))

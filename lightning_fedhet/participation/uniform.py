@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_fedhet._checks import check_int
 from lightning_fedhet.participation.base import Participation
 
 
@@ -20,9 +21,7 @@ class UniformSample(Participation):
 
     def __init__(self, k: int) -> None:
         super().__init__()
-        if int(k) != k or int(k) < 1:
-            raise ValueError(f"k must be an integer >= 1, got {k}")
-        self.k = int(k)
+        self.k = check_int(k, "k")
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
         super().setup(num_clients, seed)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedhet.participation._validate import as_numpy_mask, as_prob_array, per_client
+from lightning_fedhet._checks import as_numpy_mask, as_prob_array, check_int, check_round, per_client
 from lightning_fedhet.seeding import Stream, generator
 
 
@@ -49,9 +49,7 @@ class LossyChannel:
         self.q_up = self.q_down = np.empty(0)
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
-        if int(num_clients) < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        self.num_clients = int(num_clients)
+        self.num_clients = check_int(num_clients, "num_clients")
         self.seed = int(seed)
         self.q_up = self._resolve(self._q_up_spec, 0, "uplink")
         self.q_down = self._resolve(self._q_down_spec, 0, "downlink")
@@ -82,8 +80,7 @@ class LossyChannel:
 
     def _transmit(self, stream: Stream, round: int, mask: Any, q: np.ndarray, name: str) -> Tensor:
         self._check_setup()
-        if int(round) < 0:
-            raise ValueError(f"round must be >= 0, got {round}")
+        check_round(round)
         sent = as_numpy_mask(mask, self.num_clients, name)
         ok = generator(self.seed, stream, int(round)).random(self.num_clients) >= q
         return torch.from_numpy(sent & ok)

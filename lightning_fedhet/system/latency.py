@@ -21,22 +21,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fedhet.participation._validate import (
-    KEY_LATENCY_GROUPS,
-    STATIC_KEY,
+from lightning_fedhet._checks import (
     as_float_array,
     as_numpy_mask,
+    check_choice,
+    check_int,
     check_range,
+    check_real,
+    check_round,
 )
-from lightning_fedhet.seeding import Stream, generator
+from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 from lightning_fedhet.system.steps import local_steps_for
-
-
-def _positive(value: Any, name: str, allow_zero: bool = False) -> float:
-    arr = as_float_array(value, name)
-    if arr.ndim != 0:
-        raise ValueError(f"{name} must be a single number, got shape {tuple(arr.shape)}")
-    return float(check_range(arr, name, 0.0, np.inf, low_open=not allow_zero, high_open=True))
 
 
 class ShiftedExponential:
@@ -62,8 +57,8 @@ class ShiftedExponential:
 
     def __init__(self, shift: float = 0.5, mean: float = 1.0, speed_factors: Any = (1.3, 1.0, 0.7),
                  group_fractions: Any = (0.25, 0.5, 0.25), steps: str = "scale") -> None:
-        self.shift = _positive(shift, "shift", allow_zero=True)
-        self.mean = _positive(mean, "mean")
+        self.shift = check_real(shift, "shift", 0.0, np.inf, high_open=True)
+        self.mean = check_real(mean, "mean", 0.0, np.inf, low_open=True, high_open=True)
         factors = np.atleast_1d(as_float_array(speed_factors, "speed_factors"))
         fractions = np.atleast_1d(as_float_array(group_fractions, "group_fractions"))
         check_range(factors, "speed_factors", 0.0, np.inf, low_open=True, high_open=True)
@@ -73,8 +68,7 @@ class ShiftedExponential:
                              f"and {fractions.shape[0]}")
         if not np.isclose(fractions.sum(), 1.0, atol=1e-9):
             raise ValueError(f"group_fractions must sum to 1, got {fractions.sum():g}")
-        if steps not in ("scale", "sum"):
-            raise ValueError(f"steps must be 'scale' or 'sum', got {steps!r}")
+        check_choice(steps, "steps", ("scale", "sum"))
         self.speed_factors = factors
         self.group_fractions = fractions
         self.steps = steps
@@ -86,20 +80,17 @@ class ShiftedExponential:
     @classmethod
     def fedast(cls, task: str = "mnist", **kwargs: Any) -> ShiftedExponential:
         """FedAST's setting for ``task`` (one of :attr:`FEDAST_STEP_TIMES`): ``shift = 0.5 c``, ``mean = c``."""
-        if task not in cls.FEDAST_STEP_TIMES:
-            raise ValueError(f"task must be one of {sorted(cls.FEDAST_STEP_TIMES)}, got {task!r}")
+        check_choice(task, "task", sorted(cls.FEDAST_STEP_TIMES))
         c = cls.FEDAST_STEP_TIMES[task]
         return cls(shift=0.5 * c, mean=c, **kwargs)
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
-        if int(num_clients) < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        self.num_clients = int(num_clients)
+        self.num_clients = check_int(num_clients, "num_clients")
         self.seed = int(seed)
         bounds = np.rint(np.cumsum(self.group_fractions) * self.num_clients).astype(np.int64)
         bounds[-1] = self.num_clients
         sorted_groups = np.searchsorted(bounds, np.arange(self.num_clients), side="right")
-        perm = generator(self.seed, Stream.LATENCY, STATIC_KEY, KEY_LATENCY_GROUPS).permutation(self.num_clients)
+        perm = generator(self.seed, Stream.LATENCY, STATIC_KEY, StaticKey.LATENCY_GROUPS).permutation(self.num_clients)
         self.group = np.empty(self.num_clients, dtype=np.int64)
         self.group[perm] = sorted_groups
         self.speed = self.speed_factors[self.group]
@@ -117,8 +108,7 @@ class ShiftedExponential:
             local_steps: an int or per-client ints ``>= 1`` (only the masked clients' entries are used and checked).
         """
         self._check_setup()
-        if int(round) < 0:
-            raise ValueError(f"round must be >= 0, got {round}")
+        check_round(round)
         mask = as_numpy_mask(clients_mask, self.num_clients, "clients_mask")
         steps = np.asarray(local_steps.detach().cpu().numpy() if hasattr(local_steps, "detach") else local_steps)
         if steps.ndim == 0:
@@ -165,6 +155,10 @@ class ShiftedExponential:
                 f"group_fractions={tuple(self.group_fractions.tolist())}, steps={self.steps!r})")
 
 
+def _check_deadline(deadline: Any) -> float:
+    return check_real(deadline, "deadline", 0.0, np.inf, low_open=True, high_open=True)
+
+
 class VirtualClock:
     """Simulated wall-clock time of a synchronous run.
 
@@ -184,12 +178,12 @@ class VirtualClock:
     """
 
     def __init__(self, deadline: float | None = None) -> None:
-        self.deadline = None if deadline is None else _positive(deadline, "deadline")
+        self.deadline = None if deadline is None else _check_deadline(deadline)
         self.time = 0.0
         self.rounds = 0
 
     def _deadline(self, deadline: float | None) -> float | None:
-        return self.deadline if deadline is None else _positive(deadline, "deadline")
+        return self.deadline if deadline is None else _check_deadline(deadline)
 
     @staticmethod
     def _times(times: Any, mask: Any) -> tuple[np.ndarray, np.ndarray]:

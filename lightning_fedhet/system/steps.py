@@ -18,29 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fedhet.participation._validate import as_int
+from lightning_fedhet._checks import as_int_array, check_int, check_length, check_round
 from lightning_fedhet.seeding import Stream, generator
-
-
-def _int_array(value: Any, name: str) -> np.ndarray:
-    """Integer array (scalar or 1-D) with every entry ``>= 1``; message names ``name``."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, (str, bytes)) or value is None:
-        raise ValueError(f"{name} must be an integer >= 1 or a per-client sequence of them, got {value!r}")
-    try:
-        arr = np.asarray(value)
-        num = arr.astype(np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be an integer >= 1 or a per-client sequence of them, got {value!r}") from err
-    if arr.dtype == bool or arr.ndim > 1 or (arr.ndim == 1 and arr.size == 0):
-        raise ValueError(f"{name} must be an integer >= 1 or a per-client sequence of them, got {value!r}")
-    flat = num.reshape(-1)
-    with np.errstate(invalid="ignore"):
-        valid = np.isfinite(flat) & (flat == np.round(flat)) & (flat >= 1)
-    if not np.all(valid):
-        raise ValueError(f"{name} must be integers >= 1, got {float(flat[~valid][0])!r}")
-    return num.astype(np.int64)
 
 
 class StepDistribution:
@@ -56,8 +35,7 @@ class StepDistribution:
 
     @staticmethod
     def _rng(round: int, seed: int) -> np.random.Generator:
-        if int(round) < 0:
-            raise ValueError(f"round must be >= 0, got {round}")
+        check_round(round)
         return generator(seed, Stream.LOCAL_STEPS, int(round))
 
 
@@ -70,8 +48,8 @@ class UniformSteps(StepDistribution):
     """
 
     def __init__(self, low: Any, high: Any) -> None:
-        self.low = _int_array(low, "local_steps low")
-        self.high = _int_array(high, "local_steps high")
+        self.low = as_int_array(low, "local_steps low")
+        self.high = as_int_array(high, "local_steps high")
         try:
             low, high = np.broadcast_arrays(self.low, self.high)
         except ValueError as err:
@@ -137,9 +115,9 @@ def check_local_steps(spec: Any) -> Any:
     if isinstance(spec, StepDistribution):
         return spec
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        as_int(spec, "local_steps")
+        check_int(spec, "local_steps")
         return int(spec)
-    return _int_array(spec, "local_steps")
+    return as_int_array(spec, "local_steps")
 
 
 def local_steps_for(spec: Any, round: int, num_clients: int, seed: int) -> np.ndarray:
@@ -153,12 +131,11 @@ def local_steps_for(spec: Any, round: int, num_clients: int, seed: int) -> np.nd
         seed: the run's seed.
     """
     if hasattr(spec, "sample") and not isinstance(spec, np.ndarray):
-        steps = _int_array(spec.sample(round, num_clients, seed), "local_steps")
+        steps = as_int_array(spec.sample(round, num_clients, seed), "local_steps")
     else:
         steps = check_local_steps(spec)
     steps = np.asarray(steps, dtype=np.int64)
     if steps.ndim == 0:
         return np.full(num_clients, int(steps), dtype=np.int64)
-    if steps.shape[0] != num_clients:
-        raise ValueError(f"local_steps has {steps.shape[0]} entries but num_clients is {num_clients}")
+    check_length(steps.shape[0], num_clients, "local_steps")
     return steps.copy()

@@ -8,8 +8,14 @@ from lightning_fedhet.algorithms import ClientInfo, FedAvg, RoundContext
 
 def _ctx(round, probs=None):
     n = 2
-    return RoundContext(round, n, torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool),
-                        torch.ones(n, dtype=torch.bool), participation_probs=probs)
+    return RoundContext(
+        round,
+        n,
+        torch.ones(n, dtype=torch.bool),
+        torch.ones(n, dtype=torch.bool),
+        torch.ones(n, dtype=torch.bool),
+        participation_probs=probs,
+    )
 
 
 def _run(algo, rounds, client_weights=None, probs=None):

@@ -14,6 +14,7 @@ from lightning_fedhet.algorithms.base import ClientInfo
 from lightning_fedhet.algorithms.fedcis import (
     FedCIS,
     code_sampling_matrix,
+    exit_masks,
     lambda_tilde_weights,
     sampling_matrix,
 )
@@ -50,8 +51,7 @@ D_ROOT_EXIT1 = torch.tensor([2.0, 4.0, 0.0])  # a root training exit 1 leaves th
 
 def run_round(algo: FedCIS, u, deltas: dict[int, torch.Tensor], sizes=(6, 2, 4)) -> torch.Tensor:
     if algo.params is None:
-        algo.setup(3, torch.ones(3))
-        algo.client_sizes = torch.tensor(sizes, dtype=torch.int64)  # |D_0| = 6, |D_1| = 2, |D_2| = 4
+        algo.setup(3, torch.ones(3), client_sizes=torch.tensor(sizes))  # |D_0| = 6, |D_1| = 2, |D_2| = 4
     algo.select(0, torch.ones(3, dtype=torch.bool), FixedUniforms(u))
     algo.open_round(0, None)
     for c, d in deltas.items():
@@ -131,6 +131,129 @@ def test_missing_update_is_not_renormalised_and_explicit_lambda_tilde():
     algo = FedCIS(topo, lambda_tilde=[3.0, 1.0], p=0.0, normalize=False)
     w = run_round(algo, [0.0, 0.0, 0.0], {0: D_ROOT_EXIT2, 1: D_LEAF1})
     torch.testing.assert_close(w, torch.tensor([4.0, 3.0, 5.0]), atol=1e-6, rtol=0)
+
+
+# Exit sub-models of the 3-coordinate toy net: exit 1 = [shared prefix, head 1], exit 2 = [shared prefix, exit-2 part]
+TOY_MASKS = torch.tensor([[True, True, False], [True, False, True]])
+
+
+def test_root_local_base_hand_computed():
+    topo = three_node_topology()
+    # Released code: w = w_r + sum_{c != root} a_c M_{e_c} (w_c - w_r), w_r = w_t + delta_root. Serving Rate, p = 0:
+    # a_1 = 0.25, a_2 = 0.5 (as in the literal example), both leaves train exit 1 (mask [1, 1, 0]).
+    # w_r = [1,1,1] + [2,0,4] = [3, 1, 5]
+    # leaf 1: w_c - w_r = [2,3,1] - [3,1,5] = [-1, 2, -4] -> masked [-1, 2, 0] * 0.25 = [-0.25, 0.5, 0]
+    # leaf 2: w_c - w_r = [4,0,1] - [3,1,5] = [1, -1, -4] -> masked [1, -1, 0] * 0.5  = [0.5, -0.5, 0]
+    # w = [3, 1, 5] + [0.25, 0, 0] = [3.25, 1, 5]: the shared prefix and head 1 equal the literal rule's
+    # [3.25, 1, 2]; the exit-2-only coordinate is the root's model (5) instead of w_t + 0.25 * 4 = 2.
+    for order in ([0, 1, 2], [1, 2, 0]):  # the root may arrive first or last
+        algo = FedCIS(topo, lambda_tilde="serving_rate", p=0.0, aggregation_base="root_local", exit_masks=TOY_MASKS)
+        deltas = {c: {0: D_ROOT_EXIT2, 1: D_LEAF1, 2: D_LEAF2}[c] for c in order}
+        w = run_round(algo, [0.9, 0.9, 0.9], deltas)
+        torch.testing.assert_close(w, torch.tensor([3.25, 1.0, 5.0]), atol=1e-6, rtol=0)
+        assert algo.last_weights == pytest.approx({0: 1.0, 1: 0.25, 2: 0.5}, abs=1e-12)
+
+    # server_lr = 0.5 scales only the differences: w = [3, 1, 5] + 0.5 * [0.25, 0, 0] = [3.125, 1, 5]
+    algo = FedCIS(topo, p=0.0, server_lr=0.5, aggregation_base="root_local", exit_masks=TOY_MASKS)
+    w = run_round(algo, [0.9, 0.9, 0.9], {0: D_ROOT_EXIT2, 1: D_LEAF1, 2: D_LEAF2})
+    torch.testing.assert_close(w, torch.tensor([3.125, 1.0, 5.0]), atol=1e-6, rtol=0)
+
+    # the root's update is lost: the base is w_t. w = [1,1,1] + 0.25 [1,2,0] + 0.5 [3,-1,0] = [2.75, 1, 1]
+    algo = FedCIS(topo, p=0.0, aggregation_base="root_local", exit_masks=TOY_MASKS)
+    w = run_round(algo, [0.9, 0.9, 0.9], {1: D_LEAF1, 2: D_LEAF2})
+    torch.testing.assert_close(w, torch.tensor([2.75, 1.0, 1.0]), atol=1e-6, rtol=0)
+
+    # p = 0.25 with the root on exit 1 (u_0 = 0.1): a_1 = 0.125, a_2 = 0.25 (see test_hand_computed_p_positive).
+    # w_r = [1,1,1] + [2,4,0] = [3, 5, 1]; leaf 1: [2,3,1] - [3,5,1] = [-1,-2,0] * 0.125 = [-0.125, -0.25, 0]
+    # leaf 2: [4,0,1] - [3,5,1] = [1,-5,0] * 0.25 = [0.25, -1.25, 0];  w = [3.125, 3.5, 1]
+    algo = FedCIS(topo, p=0.25, aggregation_base="root_local", exit_masks=TOY_MASKS)
+    w = run_round(algo, [0.1, 0.5, 0.5], {0: D_ROOT_EXIT1, 1: D_LEAF1, 2: D_LEAF2})
+    torch.testing.assert_close(w, torch.tensor([3.125, 3.5, 1.0]), atol=1e-6, rtol=0)
+
+
+def test_root_local_matches_a_transcription_of_the_released_aggregation_loop():
+    # 7-node tree, p > 0 (code convention 0.4-0.8), random deltas confined to each drawn exit's sub-model, random
+    # masks. The reference is the released code's loop over the nodes other than the root, written out per
+    # coordinate on model copies: w_diff += a_c * (w_c - w_cloud) on exit e's coordinates; w_cloud += eta * w_diff.
+    topo = CISTopology.preset("7-node", "80-15-5")
+    d = 12
+    gen = torch.Generator().manual_seed(4)
+    masks = torch.rand(3, d, generator=gen) < 0.6
+    masks[:, 0] = True
+    p = code_sampling_matrix(topo, {2: 0.4, 3: 0.8})
+    smaller = False
+    for rnd in range(3):
+        algo = FedCIS(topo, "serving_rate", p=p, server_lr=0.7, aggregation_base="root_local", exit_masks=masks)
+        w_t = torch.randn(d, generator=gen, dtype=torch.float64)
+        algo.setup(7, w_t.clone(), client_sizes=torch.tensor([40, 20, 20, 10, 10, 10, 10]))
+        algo.select(rnd, torch.ones(7, dtype=torch.bool), np.random.default_rng([11, rnd]))
+        coef = algo.pair_weights(rnd)
+        local = {}
+        for c in range(7):
+            e = int(algo.exits[c])
+            local[c] = w_t + torch.where(masks[e - 1], torch.randn(d, generator=gen, dtype=torch.float64), 0.0)
+        algo.open_round(rnd, None)
+        for c in (3, 0, 5, 1, 6, 2, 4):
+            algo.add(c, local[c] - w_t, INFO)
+        got = algo.close_round()
+        cloud = local[0].clone()  # the global model object is the root's trained model
+        w_diff = torch.zeros(d, dtype=torch.float64)
+        for c in range(7):
+            e = int(algo.exits[c])
+            for j in range(d):
+                if masks[e - 1, j]:
+                    w_diff[j] += float(coef[c, e - 1]) * (local[c][j] - cloud[j])
+        expected = cloud + 0.7 * w_diff
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+        smaller |= any(int(algo.exits[c]) < topo.max_exit[c] for c in range(3))
+    assert smaller  # over the 3 rounds, the root or a middle node trained a smaller exit (p > 0 is exercised)
+
+
+def test_exit_masks_from_an_early_exit_net():
+    net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=1, base_width=4)
+    model = EarlyExitClassifier(model=net, num_classes=10)
+    units = [list(net.blocks[: net.exit_blocks[e]]) + [net.heads[e]] for e in range(net.num_exits)]
+    masks = exit_masks(model, units)
+    flat = FlatModel(model)
+    names = [n for n, _ in model.named_parameters()] + [n for n, b in model.named_buffers() if b.is_floating_point()]
+    assert masks.shape == (3, flat.dim) and sum(flat.numels) == flat.dim
+    for e in range(3):
+        expected = []
+        for name, k in zip(names, flat.numels):
+            parts = name.split(".")
+            inside = parts[0] == "model" and (
+                (parts[1] == "blocks" and int(parts[2]) < net.exit_blocks[e])
+                or (parts[1] == "heads" and int(parts[2]) == e)
+            )
+            expected.append(torch.full((k,), inside))
+        assert torch.equal(masks[e], torch.cat(expected)), e
+    # BatchNorm running statistics of the trunk are inside exit 1's sub-model, other heads are not
+    assert masks[0].sum() < masks[1].sum() < masks[2].sum()
+    with pytest.raises(ValueError, match="holds no tensor"):
+        exit_masks(model, [[torch.nn.Linear(2, 2)]])
+
+
+def test_root_local_validation():
+    topo = three_node_topology()
+    with pytest.raises(ValueError, match="aggregation_base must be one of"):
+        FedCIS(topo, aggregation_base="root")
+    with pytest.raises(ValueError, match="needs exit_masks"):
+        FedCIS(topo, aggregation_base="root_local")
+    with pytest.raises(ValueError, match="exit_masks only applies"):
+        FedCIS(topo, exit_masks=TOY_MASKS)
+    with pytest.raises(ValueError, match=r"shape \[E, d\] with E = 2"):
+        FedCIS(topo, aggregation_base="root_local", exit_masks=TOY_MASKS[:1])
+    with pytest.raises(ValueError, match="bool tensor"):
+        FedCIS(topo, aggregation_base="root_local", exit_masks=TOY_MASKS.float())
+    with pytest.raises(ValueError, match=r"no coordinate for exit\(s\) \[2\]"):
+        FedCIS(topo, aggregation_base="root_local", exit_masks=torch.tensor([[True, True, False], [False] * 3]))
+    forest = CISTopology([[], []], [1, 1], arrival=[1.0, 1.0], transfer_cap=0.0)
+    with pytest.raises(ValueError, match="one root"):
+        FedCIS(forest, aggregation_base="root_local", exit_masks=torch.ones(1, 3, dtype=torch.bool))
+    algo = FedCIS(topo, aggregation_base="root_local", exit_masks=TOY_MASKS)
+    with pytest.raises(ValueError, match="exit_masks has 3 columns but the parameter vector has d = 4"):
+        algo.setup(3, torch.zeros(4))
+    assert algo.hparams()["aggregation_base"] == "root_local"
 
 
 def test_sizes_fall_back_to_topology_data_fraction():
@@ -257,8 +380,7 @@ def test_state_dict_round_trip():
             algo.close_round()
 
     a = FedCIS(topo, "balanced", p=0.2)
-    a.setup(7, torch.zeros(5))
-    a.client_sizes = torch.tensor([40, 20, 20, 10, 10, 10, 10])
+    a.setup(7, torch.zeros(5), client_sizes=torch.tensor([40, 20, 20, 10, 10, 10, 10]))
     play(a, [0, 1])
     b = FedCIS(topo, "balanced", p=0.2)
     b.load_state_dict(a.state_dict())

@@ -1,0 +1,104 @@
+"""Helpers shared by the tests of the rules with their own sampler (FedACS family, CA-Fed, AdaFed, F3AST).
+
+They build masks and round contexts and drive a rule through random rounds; expected numbers are never produced
+here. All deltas are ``delta_i = w_i - w_t``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+
+from lightning_fedhet.algorithms import ClientInfo, RoundContext
+
+F64 = torch.float64
+
+
+def mask(n, ids):
+    m = torch.zeros(n, dtype=torch.bool)
+    m[list(ids)] = True
+    return m
+
+
+def ctx_for(t, n, available, selected, received, p=None, s=None, steps=None):
+    return RoundContext(
+        round=t,
+        num_clients=n,
+        available=mask(n, available),
+        selected=mask(n, selected),
+        received=mask(n, received),
+        participation_probs=None if p is None else torch.as_tensor(p, dtype=F64),
+        success_probs=None if s is None else torch.as_tensor(s, dtype=F64),
+        local_steps=None if steps is None else torch.as_tensor(steps, dtype=torch.int64),
+    )
+
+
+def vec(*xs):
+    return torch.tensor(xs, dtype=F64)
+
+
+def markov_chain(pi, lam, rounds, seed):
+    """Two-state chains (thesis App. F.C): P(1|1) = lam + (1-lam) pi, P(1|0) = (1-lam) pi, stationary start."""
+    pi, lam = np.asarray(pi), np.asarray(lam)
+    g = np.random.default_rng(seed)
+    state = g.random(pi.size) < pi
+    out = np.empty((rounds, pi.size), dtype=bool)
+    for t in range(rounds):
+        out[t] = state
+        p_on = np.where(state, lam + (1 - lam) * pi, (1 - lam) * pi)
+        state = g.random(pi.size) < p_on
+    return out
+
+
+def drive(algo, start, stop, n=5, d=3):
+    """Rounds ``start..stop-1`` of a random system (availability, links, local steps, deltas, losses, probes)."""
+    p = np.array([0.9, 0.8, 0.6, 0.5, 0.3])
+    for t in range(stop):
+        g = np.random.default_rng([17, t])
+        avail = torch.from_numpy(g.random(n) < p)
+        s = g.uniform(0.5, 1.0, n)
+        steps = g.integers(1, 6, n)
+        deltas = torch.from_numpy(g.normal(size=(n, d)))
+        losses = g.uniform(0.5, 2.0, n)
+        link = g.random(n) < s
+        if t < start:
+            continue
+        algo.observe_system(t, success_probs=torch.from_numpy(s), local_steps=torch.from_numpy(steps),
+                            participation_probs=torch.from_numpy(p))
+        if algo.wants_probe_losses():
+            algo.observe_losses(t, torch.where(avail, torch.from_numpy(losses), float("nan")))
+        sel = algo.select(t, avail, np.random.default_rng([18, t]))
+        sel = sel > 0 if sel.dtype != torch.bool else sel
+        arrived = sel & torch.from_numpy(link)
+        ctx = RoundContext(t, n, avail, sel, arrived, torch.from_numpy(p), torch.from_numpy(s),
+                           torch.where(sel, torch.from_numpy(steps), 0))
+        algo.open_round(t, ctx)
+        for i in torch.nonzero(arrived).flatten().tolist():
+            algo.add(i, deltas[i], ClientInfo(1, int(steps[i]), loss=float(losses[i])))
+        algo.close_round()
+    return algo.params.clone(), dict(algo.last_weights)
+
+
+def check_resume(factory):
+    """Rounds 0-3, a ``torch.save`` round trip of ``state_dict``, rounds 4-7 == 8 uninterrupted rounds, exactly."""
+    n, w0, cw = 5, torch.tensor([0.1, -0.2, 0.3], dtype=F64), torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0])
+    full = factory()
+    full.setup(n, w0, cw)
+    expected, expected_w = drive(full, 0, 8)
+    first = factory()
+    first.setup(n, w0, cw)
+    drive(first, 0, 4)
+    buf = io.BytesIO()
+    torch.save(first.state_dict(), buf)
+    buf.seek(0)
+    resumed = factory()
+    resumed.load_state_dict(torch.load(buf, weights_only=True))
+    got, got_w = drive(resumed, 4, 8)
+    assert torch.equal(got, expected)
+    assert got_w == expected_w
+    assert not torch.equal(expected, w0)
+    assert resumed.hparams() == full.hparams()
+    assert math.isfinite(float(got.sum()))

@@ -1,0 +1,30 @@
+"""c-a-FedAvg (communication-aware FedAvg; FedACS paper eq. (113)): importance sampling, updates ÷ s_m, ÷K."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from selection_rounds import F64, check_resume, ctx_for, vec
+
+from lightning_fedhet.algorithms import CAFedAvg, ClientInfo
+
+
+def test_cafedavg_by_hand():
+    one = torch.zeros(1, dtype=F64)
+    # c-a-FedAvg with omega = [1, 0]: K = 2 draws of client 0, s_0 = 0.5 -> w = 2/2 * 4 / 0.5 = 8
+    ca = CAFedAvg(K=2)
+    ca.setup(2, one, torch.tensor([1.0, 0.0]))
+    assert ca.select(0, torch.ones(2, dtype=torch.bool), np.random.default_rng(0)).tolist() == [2, 0]
+    ca.open_round(0, ctx_for(0, 2, [0, 1], [0], [0], s=[0.5, 1.0]))
+    ca.add(0, vec(4.0), ClientInfo(1, 1))
+    assert torch.allclose(ca.close_round(), vec(8.0))
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="K"):
+        CAFedAvg(K=0)
+
+
+def test_state_dict_resume_equals_uninterrupted():
+    check_resume(lambda: CAFedAvg(K=3, unavailable="drop", calibrate=True))

@@ -1,0 +1,106 @@
+"""FedNova (FedACS paper's baseline, Eq. 116): hand-computed rounds, ||a||_1 closed forms, solver checks.
+
+Hand-computed examples write out the arithmetic in comments; expected numbers are never produced by the code
+under test. All deltas are ``delta_i = w_i - w_t``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rule_rounds import F64, check_resume, close, random_run, run_round, setup
+
+from lightning_fedhet.algorithms import ClientInfo, FedAvg, FedNova
+from lightning_fedhet.algorithms.fednova import accumulation_norm
+
+
+def test_fednova_hand_computed_sgd():
+    algo = setup(FedNova(), 3, [0.0, 0.0])
+    # round 0: steps [1,3]; q = 1/2; tau_eff = (1+3)/2 = 2; 2 * (0.5[2,0]/1 + 0.5[0,6]/3) = [2,2]
+    close(run_round(algo, 0, 3, {0: [2, 0], 1: [0, 6]}, steps={0: 1, 1: 3}), [2.0, 2.0])
+    assert algo.last_weights == pytest.approx({0: 1.0, 1: 1 / 3})
+    # round 1: steps [2,1,6]; tau_eff = 3; 3 * (1/3)([4,4]/2 + [3,0]/1 + [0,12]/6) = [2,2]+[3,0]+[0,2] = [5,4]
+    close(run_round(algo, 1, 3, {0: [4, 4], 1: [3, 0], 2: [0, 12]}, steps={0: 2, 1: 1, 2: 6}), [7.0, 6.0])
+    # round 2: only client 2, 4 steps: tau_eff = 4 -> 4 * [1,1]/4 = [1,1]
+    close(run_round(algo, 2, 3, {2: [1, 1]}, steps={2: 4}), [8.0, 7.0])
+
+
+def test_fednova_hand_computed_momentum():
+    # rho = 0.5: ||a||_1 = sum_{k=1..tau} (1 - rho^k)/(1 - rho): tau=1 -> 1; tau=2 -> 1 + 1.5 = 2.5;
+    # tau=3 -> 1 + 1.5 + 1.75 = 4.25
+    assert accumulation_norm(1, 0.5) == pytest.approx(1.0)
+    assert accumulation_norm(2, 0.5) == pytest.approx(2.5)
+    assert accumulation_norm(3, 0.5) == pytest.approx(4.25)
+    algo = setup(FedNova(momentum=0.5), 3, [0.0, 0.0])
+    # round 0: a = [1, 4.25]; tau_eff = 2.625; normalised: 0.5[2,0]/1 + 0.5[0,8.5]/4.25 = [1,1] -> [2.625, 2.625]
+    close(run_round(algo, 0, 3, {0: [2, 0], 1: [0, 8.5]}, steps={0: 1, 1: 3}), [2.625, 2.625])
+    # round 1: a = [2.5, 1]; tau_eff = 1.75; 0.5[5,5]/2.5 + 0.5[1,0]/1 = [1.5, 1] -> + [2.625, 1.75] = [5.25, 4.375]
+    close(run_round(algo, 1, 3, {0: [5, 5], 2: [1, 0]}, steps={0: 2, 2: 1}), [5.25, 4.375])
+    # round 2: client 1 alone, a = 2.5: 2.5 * [0, 2.5]/2.5 -> + [0, 2.5] = [5.25, 6.875]
+    close(run_round(algo, 2, 3, {1: [0, 2.5]}, steps={1: 2}), [5.25, 6.875])
+
+
+def test_fednova_proximal_norm_and_torch_sgd_unrolling():
+    # prox, eta*mu = 0.5: a = [(1-0.5)^{tau-t}] -> tau=2: 0.5 + 1 = 1.5; tau=3: 0.25 + 0.5 + 1 = 1.75
+    assert accumulation_norm(2, 0.0, 0.5) == pytest.approx(1.5)
+    assert accumulation_norm(3, 0.0, 0.5) == pytest.approx(1.75)
+    assert FedNova(prox_mu=5.0, local_lr=0.1).norm(3) == pytest.approx(1.75)
+    # With a constant gradient g, delta = -eta ||a||_1 g exactly for any solver: check against torch.optim.SGD
+    g = torch.tensor([1.0, -2.0], dtype=F64)
+    for rho, mu, steps in ((0.0, 0.0, 5), (0.9, 0.0, 7), (0.0, 2.0, 6), (0.7, 1.5, 9)):
+        eta = 0.1
+        x0 = torch.tensor([0.3, 0.4], dtype=F64)
+        x = x0.clone().requires_grad_(True)
+        opt = torch.optim.SGD([x], lr=eta, momentum=rho)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = (g * x).sum() + 0.5 * mu * ((x - x0) ** 2).sum()
+            loss.backward()
+            opt.step()
+        delta = x.detach() - x0
+        torch.testing.assert_close(delta, -eta * accumulation_norm(steps, rho, eta * mu) * g, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("weighting", ["participating", "samples"])
+def test_fednova_equal_steps_equals_fedavg(momentum, weighting):
+    nova, avg = random_run(
+        [FedNova(momentum=momentum, weighting=weighting), FedAvg(weighting=weighting)],
+        weights=torch.tensor([1.0, 2.0, 3.0, 1.0, 5.0, 0.5]),
+    )
+    for a, b in zip(nova, avg):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        pytest.param(lambda: FedNova(momentum=0.5, prox_mu=1.0, local_lr=0.1), id="fednova"),
+    ],
+)
+def test_state_dict_resume_equals_uninterrupted(factory):
+    check_resume(factory)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: FedNova(momentum=1.0), "momentum"),
+        (lambda: FedNova(momentum=-0.1), "momentum"),
+        (lambda: FedNova(prox_mu=-1.0), "prox_mu"),
+        (lambda: FedNova(prox_mu=0.1), "local_lr"),
+        (lambda: FedNova(prox_mu=20.0, local_lr=0.1), "local_lr \\* prox_mu"),
+        (lambda: FedNova(weighting="all"), "weighting"),
+    ],
+)
+def test_bad_constructor_arguments(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_bad_round_inputs():
+    # FedNova needs at least one local step
+    nova = setup(FedNova(), 2, [0.0])
+    nova.open_round(0, None)
+    with pytest.raises(ValueError, match="local_steps"):
+        nova.add(0, torch.zeros(1, dtype=F64), ClientInfo(num_samples=1, local_steps=0))
