@@ -94,6 +94,9 @@ class Algorithm:
     """
 
     selects_clients: ClassVar[bool] = False
+    #: ``True`` for rules whose :meth:`client_config` is not always ``{}`` (Fed-CIS sends each node its exit), so
+    #: engines can refuse at setup what they cannot apply per client
+    sends_client_config: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.num_clients: int = 0

@@ -351,6 +351,7 @@ class FedCIS(Algorithm):
 
     #: FedCIS's select() draws each node's exit; a separate strategy-level selection would bypass the draw.
     selects_clients: ClassVar[bool] = True
+    sends_client_config: ClassVar[bool] = True
 
     def __init__(
         self,

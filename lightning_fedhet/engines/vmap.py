@@ -215,6 +215,12 @@ class VmapEngine(Engine):
         if len(optimizers) != 1:
             raise VmapUnsupported(f"the module has {len(optimizers)} optimizers; the engine steps exactly one")
         check_vmap_support(module, optimizers[0])
+        decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
+        if server.algorithm.sends_client_config and any(decay):
+            raise VmapUnsupported(
+                f"{type(server.algorithm).__name__} trains a different part of the model on each client and the "
+                f"optimizer has weight_decay={decay}, which would move the parts a client does not train"
+            )
         # The cohort steps its own stacked copies and returns None to Lightning on purpose.
         warnings.filterwarnings("ignore", message=r"`training_step` returned `None`.*")
         super().setup(module, optimizers, server, flat, to_device)
@@ -230,13 +236,6 @@ class VmapEngine(Engine):
             groups.setdefault(key, []).append(client)
             configs[key] = config
         keys = sorted(groups)
-        if any(configs[k] for k in keys):
-            decay = [g.get("weight_decay", 0) for g in self.optimizers[0].param_groups]
-            if any(decay):
-                raise VmapUnsupported(
-                    f"{type(server.algorithm).__name__} trains a different part of the model on each client and the "
-                    f"optimizer has weight_decay={decay}, which would move the parts a client does not train"
-                )
         self.flat.set(server.global_vector)
         self.cohorts, self.configs = [], []
         for key in keys:
