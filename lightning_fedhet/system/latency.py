@@ -133,7 +133,7 @@ class ShiftedExponential:
         ``P(T <= D)`` is the regularised lower incomplete gamma ``P(K, (D/s - K shift)/mean)``.
         """
         self._check_setup()
-        deadline = _positive(deadline, "deadline")
+        deadline = check_real(deadline, "deadline", 0.0, low_open=True)
         steps = local_steps_for(local_steps, 0, self.num_clients, self.seed).astype(np.float64)
         if self.steps == "scale":
             slack = deadline / (steps * self.speed) - self.shift
