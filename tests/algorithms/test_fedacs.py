@@ -331,3 +331,12 @@ def test_fedacs_ema_estimator_extension_learns_the_system():
     oracle = fedacs_probabilities(torch.full((n,), 0.25), s, steps)  # ∝ 1/(s T) = [1.11, 0.83, 0.44, 0.5]
     algo.select(1500, everyone, np.random.default_rng(0))
     assert torch.allclose(algo.last_probabilities, oracle, atol=0.03)
+
+
+def test_old_import_paths_still_work():
+    import lightning_fedhet.algorithms as algorithms
+    from lightning_fedhet.algorithms import fedacs
+
+    for name in ("FedACS", "SampledFedAvg", "CAFedAvg", "OS", "SystemEstimator", "fedacs_probabilities",
+                 "surrogate_weights", "chi_square"):
+        assert getattr(fedacs, name) is getattr(algorithms, name), name
