@@ -1,5 +1,5 @@
 """Fed-CIS: federated training of an early-exit network for a cooperative inference system (thesis ch. 5,
-Kaplan, Rodio et al. 2024; spec ``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §2.1-2.5, §2.11, §5).
+Kaplan, Rodio et al. 2024; Algorithm 6, App. D and the released code).
 
 The nodes of a :class:`~lightning_fedhet.cis.CISTopology` are the clients (client ``i`` = node ``i``). Node ``i``
 holds exits ``1..E_i``; each round every selected node trains **one** exit ``e``, drawn with probability
@@ -20,9 +20,9 @@ only this round's). ``Lt`` (``lambda_tilde``):
 tensor ``[E]``     given values, normalised to sum 1 unless ``normalize=False``
 ================ =================================================================== ===========================
 
-Every named strategy sums to 1 (DESIGN §4; the released code normalises every ``Lt``).
+Every named strategy sums to 1 (the released code normalises every ``Lt``).
 
-**Decisions on the thesis-vs-code discrepancies** (spec §2.11, §5):
+**Decisions on the thesis-vs-code discrepancies**:
 
 1. *Inverse vs direct probability.* Default ``prob_weighting="inverse"``: ``÷ p_{i,e}`` as in Algorithm 6 and
    (D.11), which makes the update unbiased for the surrogate objective. ``"direct"`` multiplies by ``p_{i,e}``
@@ -69,7 +69,7 @@ Every named strategy sums to 1 (DESIGN §4; the released code normalises every `
    available. The code hard-codes ``sum (|D_i|/|D_e|)^2`` to the equal 4-2-1 tree (``0.25, 0.5, 1``); here it is
    computed from the actual sizes over ``C_e``, which gives the same values on the 7-node tree for every preset
    partition when ``p = 0`` (shares are split evenly within a layer) and differs on the 17-node tree or with
-   ``p > 0``. Spec §2.4's example, 80-15-5 CIFAR10: ``Lt ≈ (0.486, 0.195, 0.319)``.
+   ``p > 0``. Example, 80-15-5 CIFAR10: ``Lt ≈ (0.486, 0.195, 0.319)``.
 8. *Partial participation and losses.* ``p`` is the exit distribution **given** that node ``i`` is selected
    (``select`` keeps every available node by default; the thesis runs use full participation). With
    ``correct_participation=True`` the weight is also divided by ``RoundContext.participation_probs[i]``, so the

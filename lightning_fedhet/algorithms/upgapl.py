@@ -1,5 +1,4 @@
-"""Aggregation over lossy links (thesis ch. 4, Rodio et al. WPMC 2023; spec
-``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §1.2-1.7, §5.1).
+"""Aggregation over lossy links (thesis ch. 4, Rodio et al. WPMC 2023).
 
 Client ``i``'s round trip (downlink of ``w_t`` and uplink of its result) succeeds with probability ``1 - q_i``,
 independently across clients and rounds (Assumption 14); ``S_t`` is the set whose update arrived. With
@@ -24,7 +23,7 @@ What a lost packet means in each rule:
 - UDMA-PL: a lost client contributes a zero *model* (not ``w_t``), and the received models are scaled by
   ``1/(1-q_i)`` without renormalisation. Unbiased in expectation, but its variance scales with the model norm,
   ``sum alpha_i^2 q_i/(1-q_i) ||w_i||^2`` (Lemma A.1). With ``S_t`` empty Eq. 4.4 literally returns the **zero
-  model**; ``empty_round="zero"`` (default) does that and warns once, ``"keep"`` keeps ``w_t`` instead (spec §5.1).
+  model**; ``empty_round="zero"`` (default) does that and warns once, ``"keep"`` keeps ``w_t`` instead.
 
 UPGA-PL and DMA-PL keep ``w_t`` when nobody arrives.
 

@@ -298,7 +298,7 @@ def test_code_sampling_matrix_and_lambda_tilde_strategies():
     sr = FedCIS(topo).lambda_tilde_at(0)
     torch.testing.assert_close(sr, torch.tensor([0.8, 0.15, 0.05], dtype=torch.float64))
     torch.testing.assert_close(FedCIS(topo, "equal").lambda_tilde_at(0), torch.full((3,), 1 / 3, dtype=torch.float64))
-    # Balanced Adj, spec §2.4 example: o = (0.1718, 0.2394, 0.5888), Lt ≈ (0.486, 0.195, 0.319)
+    # Balanced Adj, 80-15-5 CIFAR10 example: o = (0.1718, 0.2394, 0.5888), Lt ≈ (0.486, 0.195, 0.319)
     bal = FedCIS(topo, "balanced").lambda_tilde_at(0)
     torch.testing.assert_close(bal, torch.tensor([0.486, 0.195, 0.319], dtype=torch.float64), atol=1e-3, rtol=0)
     # FLOPS Prop: static = F/sum F; warm-up (code) = min(0.01 (t+1), F/F_E) normalised
