@@ -23,7 +23,7 @@ from lightning_fedhet._checks import (
 )
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
-from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver
+from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver, check_optimizer_matches
 
 UNAVAILABLE = ("renormalize", "drop")
 ESTIMATORS = (None, "ema")
@@ -166,6 +166,19 @@ class WithReplacementSampler(Algorithm):
         super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.estimator is not None:
             self.estimator.setup(self.num_clients)
+
+    # ------------------------------------------------------------------ local solver
+    def _uses_norms(self) -> bool:
+        """Whether this rule's numbers depend on the clients' ``||a||_1`` (FedACS: always; c-a-FedAvg: to calibrate)."""
+        return False
+
+    def check_client_solver(self, optimizer: torch.optim.Optimizer, optimizer_state: str) -> None:
+        """Refuse a client optimizer whose ``||a||_1`` is not the one this rule computes from ``momentum``,
+        ``prox_mu`` and ``local_lr`` (:func:`~lightning_fedhet.algorithms.fednova.check_optimizer_matches`), when
+        the rule uses ``||a||_1`` at all; any optimizer is accepted otherwise."""
+        if self._uses_norms():
+            check_optimizer_matches(type(self).__name__, optimizer, optimizer_state, self.momentum, self.prox_mu,
+                                    self.local_lr)
 
     # ------------------------------------------------------------------ system knowledge
     def norms_from_steps(self, local_steps) -> Tensor:

@@ -51,6 +51,9 @@ class CAFedAvg(WithReplacementSampler):
             out["calibrate"] = True
         return out
 
+    def _uses_norms(self) -> bool:
+        return self.calibrate  # ||a||_1 enters only App. I.2's step multiplier
+
     def _scores(self, system: dict[str, Tensor]) -> Tensor:
         return self.client_weights.clone()
 

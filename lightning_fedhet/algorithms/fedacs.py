@@ -246,6 +246,9 @@ class FedACS(WithReplacementSampler):
         """Eq. (15) over all clients for given ``s`` and ``||a||_1`` (float64 ``[N]``)."""
         return fedacs_probabilities(self.omega, success_probs, norms)
 
+    def _uses_norms(self) -> bool:
+        return True
+
     def _scores(self, system: dict[str, Tensor]) -> Tensor:
         return self.omega / (system["success"] * system["norms"])
 

@@ -340,3 +340,29 @@ def test_old_import_paths_still_work():
     for name in ("FedACS", "SampledFedAvg", "CAFedAvg", "OS", "SystemEstimator", "fedacs_probabilities",
                  "surrogate_weights", "chi_square"):
         assert getattr(fedacs, name) is getattr(algorithms, name), name
+
+
+def test_check_client_solver_matches_the_norm_model():
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    algo = FedACS(K=2, momentum=0.9)
+    algo.setup(2, torch.zeros(1, dtype=F64))
+    algo.check_client_solver(torch.optim.SGD(params, lr=0.1, momentum=0.9), "reset")  # the modelled solver
+    with pytest.raises(ValueError, match=r"FedACS\(momentum=0.9\) does not match the optimizer's momentum=0\b"):
+        algo.check_client_solver(torch.optim.SGD(params, lr=0.1), "reset")
+    with pytest.raises(ValueError, match="torch.optim.SGD.*Adam"):
+        algo.check_client_solver(torch.optim.Adam(params), "reset")
+    with pytest.raises(ValueError, match="optimizer_state='persist'"):
+        algo.check_client_solver(torch.optim.SGD(params, lr=0.1, momentum=0.9), "persist")
+    plain = FedACS(K=2)
+    plain.setup(2, torch.zeros(1, dtype=F64))
+    plain.check_client_solver(torch.optim.SGD(params, lr=0.1), "persist")  # no momentum: nothing carried over
+    with pytest.raises(ValueError, match="momentum"):
+        plain.check_client_solver(torch.optim.SGD(params, lr=0.1, momentum=0.5), "reset")
+    # rules that never use ||a||_1 take any solver; c-a-FedAvg only needs it to calibrate
+    for free in (SampledFedAvg(K=2), CAFedAvg(K=2)):
+        free.setup(2, torch.zeros(1, dtype=F64))
+        free.check_client_solver(torch.optim.Adam(params), "persist")
+    calibrated = CAFedAvg(K=2, calibrate=True)
+    calibrated.setup(2, torch.zeros(1, dtype=F64))
+    with pytest.raises(ValueError, match="CAFedAvg"):
+        calibrated.check_client_solver(torch.optim.Adam(params), "reset")
