@@ -30,7 +30,6 @@ delta_i / p_i] = sum_i alpha_i delta_i``, the full-participation step, whose fix
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
@@ -67,21 +66,17 @@ class FedAvg(Algorithm):
         self.weighting = weighting
         self.server_lr = float(server_lr)
         self._sum: WeightedSum | None = None
+        self._probs: Tensor | None = None
 
     def hparams(self) -> dict:
         return {"weighting": self.weighting, "server_lr": self.server_lr}
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
+        self._probs = None
         if self.weighting == "known_p":
             probs = None if ctx is None else ctx.participation_probs
-            if probs is None:
-                raise ValueError("weighting='known_p' needs RoundContext.participation_probs (the true p_i)")
-            probs = torch.as_tensor(probs, dtype=torch.float64)
-            if probs.numel() != self.num_clients:
-                raise ValueError(f"participation_probs must have num_clients={self.num_clients} entries")
-            if not torch.isfinite(probs).all() or (probs <= 0).any() or (probs > 1).any():
-                raise ValueError("weighting='known_p' needs participation_probs in (0, 1] (> 0) for every client")
+            self._probs = self._context_probs(probs, "participation_probs", "weighting='known_p'")
         self._sum = WeightedSum(self.params)
 
     def _raw_weight(self, client: int, info: ClientInfo) -> float:
@@ -89,7 +84,7 @@ class FedAvg(Algorithm):
             return float(info.num_samples)
         alpha = float(self.client_weights[client])
         if self.weighting == "known_p":
-            return alpha / float(self.ctx.participation_probs[client])
+            return alpha / float(self._probs[client])
         return alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:

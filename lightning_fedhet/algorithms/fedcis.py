@@ -97,6 +97,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_fedhet._checks import check_vector
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.cis import CISTopology
@@ -234,15 +235,10 @@ def _check_masks(masks, num_exits: int) -> Tensor:
 
 
 def _check_weights(name: str, values, length: int, positive: bool = False) -> Tensor:
-    try:
-        v = torch.as_tensor(values, dtype=torch.float64).flatten().clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{name} must be {length} non-negative numbers (one per exit), got {values!r}") from err
+    """One finite weight per exit, in ``[0, inf)`` (``(0, inf)`` when ``positive``), not all zero."""
+    v = check_vector(values, name, 0.0, math.inf, low_open=positive, high_open=True)
     if v.numel() != length:
         raise ValueError(f"{name} must have one entry per exit ({length}), got {v.numel()}")
-    if not torch.isfinite(v).all() or (v < 0).any() or (positive and (v <= 0).any()):
-        kind = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be finite and {kind}, got {v.tolist()}")
     if float(v.sum()) <= 0:
         raise ValueError(f"{name} must not be all zero, got {v.tolist()}")
     return v
@@ -543,17 +539,7 @@ class FedCIS(Algorithm):
         coef = weights[torch.arange(self.num_clients), self.exits - 1]
         if self.correct_participation:
             probs = None if ctx is None else ctx.participation_probs
-            if probs is None:
-                raise ValueError("correct_participation=True needs RoundContext.participation_probs (the true q_i)")
-            probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
-            if (
-                probs.numel() != self.num_clients
-                or not torch.isfinite(probs).all()
-                or (probs <= 0).any()
-                or (probs > 1).any()
-            ):
-                raise ValueError("correct_participation=True needs participation_probs in (0, 1] for every node")
-            coef = coef / probs
+            coef = coef / self._context_probs(probs, "participation_probs", "correct_participation=True")
         self._coef = coef
         self._sum = WeightedSum(self.params)
         self._root_delta = None

@@ -39,11 +39,10 @@ keeps the running total ``H = sum_j alpha_j h_j`` (fp64, on the parameters' devi
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.algorithms.fedau import IntervalEstimator
@@ -111,26 +110,6 @@ class StaleMemory:
         self.weights = weights
 
 
-def _check_beta(beta) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0.0 <= float(beta) <= 1.0:
-        raise ValueError(f"beta must be a number in [0, 1], got {beta!r}")
-    return float(beta)
-
-
-def _check_probs(probs, num_clients: int, name: str) -> Tensor:
-    if probs is None:
-        raise ValueError(f"weighting='known_p' with p_source='known' needs RoundContext.{name} (the true p_i)")
-    p = torch.as_tensor(probs, dtype=torch.float64).flatten().cpu()
-    if p.numel() != num_clients:
-        raise ValueError(f"RoundContext.{name} must have num_clients={num_clients} entries, got {p.numel()}")
-    if not torch.isfinite(p).all() or (p <= 0).any() or (p > 1).any():
-        raise ValueError(
-            f"RoundContext.{name} must lie in (0, 1] for every client (1/p_i weights); "
-            f"got values in [{float(p.min())}, {float(p.max())}]"
-        )
-    return p
-
-
 class FedStale(Algorithm):
     """Convex mix of unbiased FedAvg (``beta=0``) and FedVARP (``beta=1``) through per-client stale updates.
 
@@ -175,7 +154,7 @@ class FedStale(Algorithm):
         empty_round: str = "skip",
     ) -> None:
         super().__init__()
-        self.beta = _check_beta(beta)
+        self.beta = check_real(beta, "beta", 0.0, 1.0)
         if weighting not in STALE_WEIGHTINGS:
             raise ValueError(f"weighting must be one of {STALE_WEIGHTINGS}, got {weighting!r}")
         if not server_lr > 0:
@@ -248,7 +227,9 @@ class FedStale(Algorithm):
                 self._probs = self.estimator.estimates()
             else:
                 probs = None if ctx is None else ctx.participation_probs
-                self._probs = _check_probs(probs, self.num_clients, "participation_probs")
+                self._probs = self._context_probs(
+                    probs, "participation_probs", "weighting='known_p' with p_source='known'"
+                )
         self._fresh = WeightedSum(self.params)
         # beta * sum_j alpha_j h_j with the memory *before* this round's replacements.
         self._stale = (self.beta * self.memory.total) if self.uses_memory else None

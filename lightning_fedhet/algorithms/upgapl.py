@@ -130,15 +130,9 @@ class _LossyAggregator(Algorithm):
             return 1.0 - self._fixed_q
         if self.estimator is not None:
             return self.estimator.estimates()
+        # success probabilities 1 - q_i, in (0, 1]: the weights divide by them (loss probability q_i < 1)
         probs = None if ctx is None else ctx.success_probs
-        if probs is None:
-            raise ValueError(f"{type(self).__name__}(q='known') needs RoundContext.success_probs (1 - q_i)")
-        s = torch.as_tensor(probs, dtype=torch.float64).flatten().cpu()
-        if s.numel() != self.num_clients:
-            raise ValueError(f"RoundContext.success_probs must have num_clients={self.num_clients} entries")
-        if not torch.isfinite(s).all() or (s <= 0).any() or (s > 1).any():
-            raise ValueError("RoundContext.success_probs must lie in (0, 1] (loss probability q_i = 1 - s_i < 1)")
-        return s
+        return self._context_probs(probs, "success_probs", f"{type(self).__name__}(q='known')")
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)

@@ -108,7 +108,7 @@ def test_known_p_requires_positive_probabilities():
     algo.setup(2, torch.zeros(2))
     with pytest.raises(ValueError, match="participation_probs"):
         algo.open_round(0, _ctx(0, probs=None))
-    with pytest.raises(ValueError, match="> 0"):
+    with pytest.raises(ValueError, match=r"RoundContext.participation_probs must lie in \(0, 1\], got 0.0"):
         algo.open_round(0, _ctx(0, probs=torch.tensor([0.5, 0.0])))
 
 
