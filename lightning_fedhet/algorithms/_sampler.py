@@ -237,7 +237,7 @@ class WithReplacementSampler(Algorithm):
             if self._observed_round != round and self.uses_system and not self._warned:
                 warnings.warn(
                     f"{type(self).__name__}.select(round={round}) without observe_system({round}): using the last "
-                    "known success probabilities and local steps (spec fedacs.md §2.3 needs this round's values)",
+                    "known success probabilities and local steps (Algorithm 1 line 4 needs this round's values)",
                     stacklevel=3,
                 )
                 self._warned = True

@@ -16,8 +16,8 @@ PI_SOURCES = ("known", "estimate")
 
 
 class AdaFed(AvailabilityRule):
-    """AdaFed as run in the thesis (Tan et al. 2022; spec §3.4.3): every available client trains and the weights
-    ``alpha_i / pi_i`` are normalised over this round's set ``S_t`` every round::
+    """AdaFed as run in the thesis (Tan et al. 2022; thesis ch. 2 §2.5.1, "Benchmarks"): every available client
+    trains and the weights ``alpha_i / pi_i`` are normalised over this round's set ``S_t`` every round::
 
         q_i = (alpha_i / pi_i) / sum_{j in S_t} alpha_j / pi_j,      w <- w + server_lr * sum_{i received} q_i delta_i
 

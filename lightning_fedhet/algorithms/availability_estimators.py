@@ -20,7 +20,7 @@ def _clone(x):
 class MarkovAvailabilityEstimator:
     """Bayesian (beta-prior) estimates of each client's stationary activity ``pi_i`` and correlation ``lambda_i``.
 
-    Thesis §2.4.2 (spec §2.6)::
+    Thesis §2.4.2::
 
         pi_hat_i  = (#active rounds_i + n_i) / (t + n_i + m_i)
         P_hat_i(1->1) = (N11_i + a) / (N11_i + N10_i + 2a),   P_hat_i(0->0) = (N00_i + a) / (N00_i + N01_i + 2a)

@@ -1,8 +1,8 @@
-"""CA-Fed (Rodio et al., thesis ch. 2 / INFOCOM 2023; spec ``shared/specs/thesis_ch1_ch2_cafed.md`` §2) and the
-baselines of its experiments, AdaFed and F3AST (spec §3.4).
+"""CA-Fed (Rodio et al., thesis ch. 2 / INFOCOM 2023) and the baselines of its experiments, AdaFed (:mod:`.adafed`)
+and F3AST (:mod:`.f3ast`) (thesis §2.5.1, "Benchmarks").
 
 Clients' availability follows independent two-state Markov chains with stationary activity ``pi_i`` and (signed)
-second eigenvalue ``lambda_i = P(0->0) + P(1->1) - 1`` (spec §2.2). FedAvg-like training with weights ``q``
+second eigenvalue ``lambda_i = P(0->0) + P(1->1) - 1`` (thesis §2.2). FedAvg-like training with weights ``q``
 converges to ``F_B = sum_i p_i F_i`` with ``p = pi ⊙~ q`` (``(pi ⊙~ q)_i = pi_i q_i / sum_h pi_h q_h``, eq. 2.4);
 ``q = alpha/pi`` ("Unbiased", ``FedAvg(weighting="known_p")``) removes the bias but is slow when rarely available or
 strongly correlated clients carry large weights. All rules here take the server step (2.3) without projection::
@@ -10,11 +10,11 @@ strongly correlated clients carry large weights. All rules here take the server 
     w_{t+1} = w_t + server_lr * sum_{i received} q_i * delta_i          (q NOT renormalised, except AdaFed)
 
 =========== ================================================================================= ===================
-rule        who trains / ``q_i``                                                               spec
+rule        who trains / ``q_i``                                                               thesis
 =========== ================================================================================= ===================
-``CAFed``   available clients with ``q_i > 0``; ``q = alpha/pi_hat`` then greedy exclusion     §2.4-2.6, Alg. 3
-``AdaFed``  all available; ``q_i = (alpha_i/pi_i) / sum_{j in S_t} alpha_j/pi_j``               §3.4.3
-``F3AST``   top ``k`` available by ``alpha_i^2 / r_i^2``; ``q_i = alpha_i / r_i``                 §3.4.4
+``CAFed``   available clients with ``q_i > 0``; ``q = alpha/pi_hat`` then greedy exclusion     §2.4, Alg. 3
+``AdaFed``  all available; ``q_i = (alpha_i/pi_i) / sum_{j in S_t} alpha_j/pi_j``               §2.5.1, App. G
+``F3AST``   top ``k`` available by ``alpha_i^2 / r_i^2``; ``q_i = alpha_i / r_i``                 §2.5.1, App. G
 =========== ================================================================================= ===================
 
 ``alpha`` are the ``client_weights`` of :meth:`setup`. Each rule observes every client's availability once per
@@ -68,7 +68,7 @@ def _float64_array(x) -> np.ndarray:
 
 
 def proxy_error(q, alpha, gap, gamma: float, pi, kappa_bar_sq: float, bias_factor: float = 4.0) -> float:
-    """CA-Fed's estimated total error, eq. 2.25 (spec §2.10)::
+    """CA-Fed's estimated total error, eq. 2.25::
 
         eps = <gap, p> + bias_factor * kappa_bar_sq * d_TV(alpha, p)^2 * Gamma,     p = pi ⊙~ q
 
@@ -131,28 +131,28 @@ class CAFed(AvailabilityRule):
     Every round ``t``:
 
     1. observe every client's availability and update ``pi_hat``, ``lam_hat`` (:class:`MarkovAvailabilityEstimator`;
-       or the oracle ``pi``/``lam`` given here, the thesis' default experiments, spec P12);
-    2. ``q = alpha / pi_hat`` for **all** ``N`` clients, rebuilt every round with no memory of past exclusions (P4);
+       or the oracle ``pi``/``lam`` given here, the thesis' default experiments);
+    2. ``q = alpha / pi_hat`` for **all** ``N`` clients, rebuilt every round with no memory of past exclusions;
     3. ``q = ComputeWeights(q, key=|lam_hat|)`` (most correlated first; ``|lambda_2|`` orders clients like the
        analysis' ``lambda(P_i) = (|lambda_2| + 1)/2``), then ``ComputeWeights(q, key=-pi_hat)`` (least available
        first), see :func:`compute_weights`;
     4. the available clients with ``q_i > 0`` train (:meth:`select`; excluded ones stay idle) and the server takes
-       ``w + server_lr * sum_{received} q_i delta_i`` with ``q`` **not** renormalised (P5). A round in which no
-       update with ``q_i > 0`` arrives leaves ``w`` unchanged (P17).
+       ``w + server_lr * sum_{received} q_i delta_i`` with ``q`` **not** renormalised (eq. 2.3). A round in which no
+       update with ``q_i > 0`` arrives leaves ``w`` unchanged (as the authors' code skips it).
 
     The error proxy (eq. 2.25) uses ``gap_i = F_hat_i - F_hat_i*`` and ``Gamma_hat = max_i gap_i`` (eq. 2.24):
     ``F_hat`` is the loss filter of eq. 2.22 (weight ``beta`` on the newest loss) and ``F_hat*`` its running minimum,
     or the oracle ``f_star`` (local optima, as in the authors' code) when given.
 
-    Decisions on the spec's pitfalls (``shared/specs/thesis_ch1_ch2_cafed.md`` §6):
+    Decisions where the thesis is ambiguous:
 
-    - P1 ``beta``: weight on the **newest** loss, ``(0, 1]``; the thesis' "beta = 0" (no smoothing) is ``beta=1``
+    - ``beta``: weight on the **newest** loss, ``(0, 1]``; the thesis' "beta = 0" (no smoothing) is ``beta=1``
       (the default).
-    - P2 ties: ``strict=True`` (default) accepts a removal only if it lowers the error strictly *and* by ``>= tau``,
+    - ties: ``strict=True`` (default) accepts a removal only if it lowers the error strictly *and* by ``>= tau``,
       so while ``gap == 0`` (no loss seen yet, or losses only decreasing) CA-Fed equals Unbiased. ``strict=False``
       is the thesis' literal ``>=``. The last client is never removed.
-    - P3: revert-on-reject (each candidate is tested against the currently accepted ``q``).
-    - P8 loss probe: ``loss_source="train"`` (default) feeds ``ClientInfo.loss`` (mean training loss of the client's
+    - ComputeWeights reverts a rejected removal (each candidate is tested against the currently accepted ``q``).
+    - loss probe: ``loss_source="train"`` (default) feeds ``ClientInfo.loss`` (mean training loss of the client's
       local steps) of the clients that arrived into eq. 2.22 at the end of the round, so round ``t`` uses losses up
       to ``t-1``; clients that never reported a loss get the mean gap of those that did (``Gamma_hat`` is the max
       over reporting clients; 0 before any). ``loss_source="probe"`` is thesis Alg. 3 line 3: the rule ignores
@@ -162,9 +162,9 @@ class CAFed(AvailabilityRule):
       round fails with ``RuntimeError`` (it never silently falls back to Unbiased).
     - The bias term is ``bias_factor * kappa_bar_sq * d_TV^2 * Gamma`` with the thesis' ``bias_factor = 4``; the
       authors' code omits the 4 (its ``bias_const = 1`` is ``kappa_bar_sq = 0.25`` here).
-    - P12: transitions are counted per visit of the source state (unbiased), priors are ``pi_prior`` and
-      ``transition_prior`` pseudo-counts.
-    - H.B: availability is ``RoundContext.available`` / the ``available`` mask (all ``N`` clients, every round).
+    - estimates: transitions are counted per visit of the source state (unbiased; the authors' code divides by the
+      elapsed time), priors are ``pi_prior`` and ``transition_prior`` pseudo-counts.
+    - availability is ``RoundContext.available`` / the ``available`` mask (all ``N`` clients, every round).
 
     Args:
         kappa_bar_sq: bias weight ``kappa_bar^2 >= 0`` (thesis default 1; ``inf``-like values give Unbiased).
@@ -175,8 +175,8 @@ class CAFed(AvailabilityRule):
         f_star: oracle local optimum losses ``F_i*`` (``N`` finite values) instead of the running minimum.
         pi_prior, transition_prior: priors of :class:`MarkovAvailabilityEstimator`.
         bias_factor: constant of the bias term (4 in the thesis).
-        strict: see P2 above.
-        loss_source: ``"train"`` or ``"probe"`` (P8).
+        strict: see "ties" above.
+        loss_source: ``"train"`` or ``"probe"`` (see "loss probe" above).
         server_lr: ``eta_s > 0``.
 
     ``.pi_hat`` / ``.lam_hat``: the availabilities/correlations used by the rule (estimates, or the oracle values);

@@ -11,7 +11,7 @@ from lightning_fedhet.algorithms.calibration import lr_scalings
 
 
 class CAFedAvg(WithReplacementSampler):
-    """c-a-FedAvg ("communication-aware FedAvg", Perazzone et al.; FedACS paper eq. (113), spec §3.2).
+    """c-a-FedAvg ("communication-aware FedAvg", Perazzone et al.; FedACS paper eq. (113)).
 
     Importance sampling ``p = omega`` (``K`` draws with replacement) and each received update divided by its
     success probability: ``w + (1/K) sum_{received} c_m delta_m / s_m``. Removes the communication bias only

@@ -1,31 +1,31 @@
-"""FedACS (Weng, Ren, Xiao, Skoglund: "Heterogeneity-Aware Client Sampling"; spec ``shared/specs/fedacs.md``) and
-the sampling baselines it is compared with.
+"""FedACS (Weng, Ren, Xiao, Skoglund: "Heterogeneity-Aware Client Sampling") and the sampling baselines it is
+compared with (:mod:`.sampled_fedavg`, :mod:`.cafedavg`, :mod:`.os_sampling`).
 
-All four rules draw ``K`` clients **independently, with replacement** (spec §1.2) and aggregate anonymously with
-divisor ``K`` (rule (3), spec §1.5), whatever arrives::
+All four rules draw ``K`` clients **independently, with replacement** (the paper's client sampling) and aggregate
+anonymously with divisor ``K`` (the paper's rule (3)), whatever arrives::
 
     w_{t+1} = w_t + server_lr * (1/K) * sum_{m received} c_m * f_m * delta_m
 
 ``c_m`` is the number of times client ``m`` was drawn (the strategy trains a client drawn twice once, and the rule
-weights its update twice, spec §2.7) and ``f_m`` a per-rule factor:
+weights its update twice; Algorithm 1 leaves this open) and ``f_m`` a per-rule factor:
 
 ================= ================================================ ============ =====================================
-rule              sampling probability ``p_m``                      ``f_m``      spec
+rule              sampling probability ``p_m``                      ``f_m``      paper
 ================= ================================================ ============ =====================================
-``FedACS``        ``omega_m / (s_m ||a_m||_1)``, normalised (15)    1            §2.1, Algorithm 1
-``SampledFedAvg`` ``omega_m`` (importance sampling), or given ``p``  1            §3.1 "FedAvg (IS)"
-``CAFedAvg``      ``omega_m``                                       ``1 / s_m``  §3.2 c-a-FedAvg, eq. (113)
-``OS``            ``omega_m * n_m`` (``n_m`` = update norm)          ``omega/p``  §3.6, eq. (20)
+``FedACS``        ``omega_m / (s_m ||a_m||_1)``, normalised (15)    1            eq. (15), Algorithm 1
+``SampledFedAvg`` ``omega_m`` (importance sampling), or given ``p``  1            "FedAvg (IS)", Example 2
+``CAFedAvg``      ``omega_m``                                       ``1 / s_m``  c-a-FedAvg, eq. (113)
+``OS``            ``omega_m * n_m`` (``n_m`` = update norm)          ``omega/p``  eq. (20)
 ================= ================================================ ============ =====================================
 
 with ``omega`` the target weights (the ``client_weights`` of :meth:`setup`, i.e. ``|D_m|/|D|`` or uniform, unless
 given explicitly), ``s_m = 1 - q_m`` the probability that client ``m``'s update arrives (``q_m`` the *failure*
-probability, spec §1.4) and ``||a_m||_1`` its local-solver accumulation norm (``T_m`` for SGD;
+probability of the paper's unreliable links) and ``||a_m||_1`` its local-solver accumulation norm (``T_m`` for SGD;
 :func:`~lightning_fedhet.algorithms.fednova.accumulation_norm` for momentum/proximal SGD). In expectation rule (3)
 minimises the surrogate ``sum_m Omega_m F_m`` with ``Omega_m ∝ p_m s_m ||a_m||_1`` (:func:`surrogate_weights`);
 FedACS chooses ``p`` so that ``Omega = omega`` exactly, i.e. ``chi^2(omega || Omega) = 0`` (:func:`chi_square`).
 
-**The system oracle (spec §2.3, §6.2.1).** FedACS needs *this round's* ``s_m`` and ``||a_m||_1`` of every client
+**The system oracle.** FedACS needs *this round's* ``s_m`` and ``||a_m||_1`` of every client
 **before** it samples, but :meth:`select` runs before :meth:`open_round`. The strategy therefore calls, each round,
 **before** ``select``::
 
@@ -39,7 +39,7 @@ call the rule falls back, with a one-time warning, to the last values it saw (an
 count as ``s = 1`` and ``||a||_1 = 1`` (mean of the known norms when some are known), so an un-wired FedACS
 degrades to importance sampling.
 
-**Online estimator (extension beyond the paper, ``estimator="ema"``).** The paper has no estimator (spec §2.3). As
+**Online estimator (extension beyond the paper, ``estimator="ema"``).** The paper has no estimator. As
 a labelled extension the rules can instead use a bias-corrected exponential moving average (rate ``ema``) of what
 the server observes: per client, arrival (``add`` called) of each round it was drawn (estimates ``s_m``), the
 ``||a||_1`` of the steps it was told to run (``RoundContext.local_steps``), and its availability
@@ -58,12 +58,13 @@ are then ignored. Unseen clients start at ``s = 1`` and at the mean known norm.
 
 ``last_probabilities`` is the distribution the ``K`` draws were taken from (``[N]``, zero off the support).
 
-**Duplicates and links** (spec §2.7): a client drawn ``c`` times trains once, its upload succeeds or fails once (one
-link draw per distinct client, as the library's channel does), and an arrived update is weighted ``c/K``. Both
+**Duplicates and links** (left open by Algorithm 1): a client drawn ``c`` times trains once, its upload succeeds or
+fails once (one link draw per distinct client, as the library's channel does), and an arrived update is weighted
+``c/K``. Both
 readings of line 19 keep the update unbiased. An empty round leaves ``w`` unchanged. ``s_m`` is clamped to
-``>= min_success`` so ``p_m`` stays finite (spec §2.7).
+``>= min_success`` so ``p_m`` stays finite.
 
-**OS's update norms** (spec §3.6, ``os_norm_source``): OS needs ``||delta_m||`` *before* sampling, which only exists
+**OS's update norms** (not fixed by the paper): OS needs ``||delta_m||`` *before* sampling, which only exists
 after training. :class:`OS` uses the last **received** update norm of each client (``last_seen``; clients never
 received get the mean of the known norms, 1 before any), mixed with ``omega`` by ``mix`` to keep every ``p_m > 0``.
 No extra client computation is assumed.
@@ -120,7 +121,10 @@ def fedacs_probabilities(omega, success_probs, norms) -> Tensor:
 
 
 def surrogate_weights(probabilities, success_probs, norms) -> Tensor:
-    """Surrogate weights of rule (3), spec §1.6: ``Omega_m = p_m s_m a_m / sum_j p_j s_j a_j``, float64 ``[M]``."""
+    """Surrogate weights of rule (3) (the paper's objective-inconsistency analysis), float64 ``[M]``::
+
+        Omega_m = p_m s_m a_m / sum_j p_j s_j a_j
+    """
     p = check_weights(probabilities, "probabilities", normalize=False)
     _, s, a = _system_vectors(torch.ones_like(p), success_probs, norms)
     raw = p * s * a
@@ -154,17 +158,17 @@ def _system_vectors(omega, success_probs, norms) -> tuple[Tensor, Tensor, Tensor
 class FedACS(WithReplacementSampler):
     """FedACS: sample ``K`` clients with replacement from ``p_m ∝ omega_m / (s_m ||a_m||_1)`` (eq. 15), ÷K.
 
-    Decisions on the spec's open points are in the module docstring: the system oracle :meth:`observe_system`
-    called before :meth:`select` (§2.3, §6.2.1), unavailable clients (``unavailable``), one link draw per distinct
-    client with updates weighted by their draw count (§2.7), ``P(success) = 1 - q`` (§1.4), ``||a||_1`` from the
-    local solver in closed form (§1.3), the labelled EMA extension (``estimator="ema"``), and per-round step
-    calibration applied to the server step (``calibrate``, §3.7).
+    Decisions on what the paper leaves open are in the module docstring: the system oracle :meth:`observe_system`
+    called before :meth:`select`, unavailable clients (``unavailable``), one link draw per distinct client with
+    updates weighted by their draw count, ``P(success) = 1 - q``, ``||a||_1`` from the local solver in closed form
+    (the paper's generalised local update), the labelled EMA extension (``estimator="ema"``), and per-round step
+    calibration applied to the server step (``calibrate``, App. I.2).
 
     Args:
         K: draws per round (integer ``>= 1``; the paper's experiments: 0.3 M).
         omega: target weights (explicit probabilities, must sum to 1); default the ``client_weights`` of
             :meth:`setup` (``|D_m|/|D|`` or uniform).
-        momentum: local SGD momentum ``rho`` in ``[0, 1)`` (for ``||a||_1``, spec §1.3).
+        momentum: local SGD momentum ``rho`` in ``[0, 1)`` (for ``||a||_1``).
         prox_mu: FedProx coefficient ``mu >= 0`` of the local solver (needs ``local_lr``).
         local_lr: client learning rate (only for ``prox_mu > 0``).
         estimator: ``None`` (system oracle via :meth:`observe_system`, the paper) or ``"ema"`` (extension: online

@@ -19,7 +19,7 @@ def _clone(x):
 
 
 class OS(WithReplacementSampler):
-    """Optimal client sampling (Chen, Horváth, Richtárik; FedACS paper eq. (20), spec §3.6).
+    """Optimal client sampling (Chen, Horváth, Richtárik; FedACS paper eq. (20)).
 
     ``K`` draws with replacement from ``p_m ∝ omega_m n_m`` where ``n_m`` is the norm of client ``m``'s last
     *received* update (``os_norm_source="last_seen"``; never-received clients use the mean known norm, 1 before

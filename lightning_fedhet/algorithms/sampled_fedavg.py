@@ -10,7 +10,7 @@ from lightning_fedhet.algorithms._sampler import WithReplacementSampler
 
 
 class SampledFedAvg(WithReplacementSampler):
-    """FedAvg with importance sampling (the FedACS paper's FedAvg, spec §3.1): ``K`` draws from ``p = omega``, ÷K.
+    """FedAvg with importance sampling (the FedACS paper's FedAvg, Example 2): ``K`` draws from ``p = omega``, ÷K.
 
     Args:
         K: draws per round (integer ``>= 1``).

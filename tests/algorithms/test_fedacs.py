@@ -26,9 +26,10 @@ from lightning_fedhet.algorithms import (
 )
 
 # ============================================================================================== toy quadratic
-# Spec fedacs.md §4.1 (Fig. 4, middle panel): F_m(x) = 1/2 ||x - E_m||^2, E_m ~ N(0, I_10), M = 30 clients,
-# T_m = 1..30 local GD steps, failure probabilities q_m evenly spaced in [0.01, 0.3] (pairing: a fixed random
-# permutation), uniform omega, deterministic gradients. eta = 0.002 (Fig. 7's value) to shorten the burn-in.
+# The FedACS paper's toy quadratic (Examples 1-2, Fig. 4, middle panel): F_m(x) = 1/2 ||x - E_m||^2,
+# E_m ~ N(0, I_10), M = 30 clients, T_m = 1..30 local GD steps, failure probabilities q_m evenly spaced in
+# [0.01, 0.3] (pairing: a fixed random permutation), uniform omega, deterministic gradients. eta = 0.002 (Fig. 7's
+# value) to shorten the burn-in.
 # T GD steps from x give x_T - x = (1 - (1 - eta)^T)(E_m - x) =: c_m (E_m - x) exactly (checked below).
 M, D, ETA = 30, 10, 0.002
 _g = np.random.default_rng(2024)
@@ -145,7 +146,7 @@ def test_toy_fedacs_and_cafedavg_fixed_points(toy):
     # FedACS: p_m ∝ omega/((1-q_m) T_m), so E[update] ∝ sum_m p_m (1-q_m) c_m (E_m - x) ∝ sum_m (c_m/T_m)(E_m - x).
     acs = closed_form(C / T_STEPS)
     assert rel(toy["fedacs"], acs) < 1e-3
-    # c-a-FedAvg: p = omega and each update / (1-q_m): E[update] ∝ sum_m c_m (E_m - x)  (T-weighted, spec §6.3).
+    # c-a-FedAvg: p = omega and each update / (1-q_m): E[update] ∝ sum_m c_m (E_m - x)  (T-weighted).
     assert rel(toy["cafedavg"], closed_form(C.clone())) < 1e-3
     # Residual bias of FedACS is O(eta T_max): c_m/(eta T_m) lies in [1 - eta T_max/2, 1], hence
     # ||x_acs - X*|| <= sum |v_m - omega_m| max ||E_m - X*|| <= eta T_max max_m ||E_m - X*||.
