@@ -207,3 +207,11 @@ def test_bad_round_inputs():
 )
 def test_state_dict_resume_equals_uninterrupted(factory):
     check_resume(factory)
+
+
+def test_old_import_paths_still_work():
+    import lightning_fedhet.algorithms as algorithms
+    from lightning_fedhet.algorithms import cafed
+
+    for name in ("CAFed", "AdaFed", "F3AST", "MarkovAvailabilityEstimator", "compute_weights", "proxy_error"):
+        assert getattr(cafed, name) is getattr(algorithms, name), name
