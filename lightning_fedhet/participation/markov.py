@@ -167,12 +167,14 @@ class Markov(ProbabilityProcess):
         self._last_round: int | None = None
         self._last_state: np.ndarray | None = None
 
-    def _uniforms(self, round: int) -> np.ndarray:
+    def round_uniforms(self, round: int) -> np.ndarray:
+        """The ``N`` uniforms that decide every client's transition into round ``round`` (a pure function of
+        seed and round; the chain draws them once per round it advances through)."""
         return self.rng(round).random(self.num_clients)
 
     def _step(self, state: np.ndarray, round: int) -> np.ndarray:
         """State of round ``round`` from the state of round ``round - 1``."""
-        return self._uniforms(round) < np.where(state, self._stay, self._a)
+        return self.round_uniforms(round) < np.where(state, self._stay, self._a)
 
     def _state(self, round: int) -> np.ndarray:
         block = self.block
@@ -184,7 +186,7 @@ class Markov(ProbabilityProcess):
         if self._last_round is not None and start <= self._last_round <= round:
             start, state = self._last_round, self._last_state
         if state is None:
-            start, state = 0, self._uniforms(0) < self._pi
+            start, state = 0, self.round_uniforms(0) < self._pi
             self._checkpoints[0] = np.packbits(state)
         for s in range(start + 1, round + 1):
             state = self._step(state, s)
