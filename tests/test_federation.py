@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 from lightning_fedhet import Dirichlet, FedAvg, FederatedDataModule, FedHetStrategy, UniformSample
 from lightning_fedhet.algorithms import FedStale, FedVARP
 from lightning_fedhet.participation import Bernoulli, LabelCorrelated, Markov
 from lightning_fedhet.system import LossyChannel, ShiftedExponential, UniformSteps
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 
 def _dm(n=240, clients=12):

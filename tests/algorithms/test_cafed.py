@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, ctx_for, vec
 
 from lightning_fedhet.algorithms import CAFed, ClientInfo, compute_weights, proxy_error
+from tests.algorithms.selection_rounds import F64, check_resume, ctx_for, vec
 
 NAN = float("nan")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, ctx_for, vec
 
 from lightning_fedhet.algorithms import (
     CAFedAvg,
@@ -24,6 +23,7 @@ from lightning_fedhet.algorithms import (
     fedacs_probabilities,
     surrogate_weights,
 )
+from tests.algorithms.selection_rounds import F64, check_resume, ctx_for, vec
 
 # ============================================================================================== toy quadratic
 # The FedACS paper's toy quadratic (Examples 1-2, Fig. 4, middle panel): F_m(x) = 1/2 ||x - E_m||^2,

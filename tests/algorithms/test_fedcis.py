@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import quiet_trainer
 from lightning_fedhet.model_zoo import early_exit_resnet18
 from torch.utils.data import TensorDataset
 
@@ -21,6 +20,7 @@ from lightning_fedhet.algorithms.fedcis import (
 from lightning_fedhet.cis import CISTopology
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
 from lightning_fedhet.flat import FlatModel
+from tests.helpers import quiet_trainer
 
 INFO = ClientInfo(num_samples=1, local_steps=1)
 

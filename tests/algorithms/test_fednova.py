@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rule_rounds import F64, check_resume, close, make_ctx, random_run, run_round, setup
 
 from lightning_fedhet.algorithms import ClientInfo, FedAvg, FedNova, RoundContext
 from lightning_fedhet.algorithms.fednova import accumulation_norm, check_optimizer_matches
+from tests.algorithms.rule_rounds import F64, check_resume, close, make_ctx, random_run, run_round, setup
 
 
 def test_fednova_hand_computed_sgd():

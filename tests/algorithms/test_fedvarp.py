@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rule_rounds import F64, check_resume, close, make_ctx, run_round, setup
 
 from lightning_fedhet.algorithms import ClientInfo, FedStale, FedVARP
+from tests.algorithms.rule_rounds import F64, check_resume, close, make_ctx, run_round, setup
 
 
 def test_fedvarp_hand_computed_participating():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from processes import N, T, assert_frequencies, draw, lag1_autocorrelation
 
 from lightning_fedhet.participation import Markov
+from tests.participation.processes import N, T, assert_frequencies, draw, lag1_autocorrelation
 
 
 @pytest.mark.parametrize("lam", [0.8, -0.4])
