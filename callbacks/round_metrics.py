@@ -71,14 +71,29 @@ class RoundMetrics(Callback):
         self.round_axis = bool(round_axis)
         self._published = 0
         self._unlogged: list[dict] = []
+        self._announced = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        strategy = federated_strategy(trainer, type(self).__name__)
-        if stage != TrainerFn.FITTING:
+        federated_strategy(trainer, type(self).__name__)
+        if stage == TrainerFn.FITTING:
+            # Before Lightning logs the model's hyper-parameters and saves them: TensorBoard writes hparams.yaml
+            # once, with everything logged so far.
+            self._announce(trainer)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._announce(trainer)  # when added after the setup hooks ran (no-op if setup announced already)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == TrainerFn.FITTING:
+            self._announced = False
+
+    def _announce(self, trainer: pl.Trainer) -> None:
+        """Federated config to every logger's hyper-parameters; ``round`` as the W&B x-axis. Once per fit."""
+        if self._announced:
             return
-        # Logged here, before Lightning logs the model's hyper-parameters and saves them (TensorBoard and CSV write
-        # hparams.yaml once, with everything logged so far).
+        self._announced = True
         if self.log_config:
+            strategy = federated_strategy(trainer, type(self).__name__)
             config = {"fedhet": federated_config(strategy, trainer.datamodule)}
             for logger in trainer.loggers:
                 logger.log_hyperparams(config)
