@@ -48,6 +48,10 @@ class RoundProgressBar(TQDMProgressBar):
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=False)
         self._round_postfix: dict[str, int] = {}
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        federated_strategy(trainer, type(self).__name__)
+
     @property
     def train_description(self) -> str:
         return "Rounds"

@@ -111,20 +111,24 @@ def test_config_error_is_one_line_naming_the_argument_with_exit_code_2(tmp_path,
 
 
 @pytest.mark.parametrize(
-    "override, expected",
+    "overrides, expected",
     [
-        ("--trainer.strategy.init_args.engine=gpu", "trainer.strategy.init_args.engine: engine must be one of"),
-        ("--data.init_args.num_clients=0", "data.init_args.num_clients: num_clients must be >= 1, got 0"),
-        ("--trainer.strategy.init_args.local_steps=0",
+        (["--trainer.strategy.init_args.engine=gpu"], "trainer.strategy.init_args.engine: engine must be one of"),
+        (["--data.init_args.num_clients=0"], "data.init_args.num_clients: num_clients must be >= 1, got 0"),
+        (["--trainer.strategy.init_args.local_steps=0"],
          "trainer.strategy.init_args.local_steps: local_steps must be an integer >= 1, got 0"),
-        ("--trainer.strategy.init_args.algorithm.init_args.q=maybe",
+        (["--trainer.strategy.init_args.algorithm.init_args.q=maybe"],
          "trainer.strategy.init_args.algorithm.init_args.q: q must be one of ('known', 'estimate')"),
+        # a callback appended to the config's seven: the list index names it
+        (["--trainer.callbacks+=lightning_fedhet.callbacks.RoundPrinter", "--trainer.callbacks.every_n_rounds=0"],
+         "trainer.callbacks[7].init_args.every_n_rounds: every_n_rounds must be an integer >= 1, got 0 "
+         "(lightning_fedhet.callbacks.RoundPrinter)"),
     ],
 )
-def test_other_config_errors_name_their_argument(tmp_path, capsys, override, expected):
+def test_other_config_errors_name_their_argument(tmp_path, capsys, overrides, expected):
     from lightning_fedhet.cli import main
 
-    assert main(["fit", "--config", str(SYNTHETIC), override, f"--trainer.default_root_dir={tmp_path}"]) == 2
+    assert main(["fit", "--config", str(SYNTHETIC), *overrides, f"--trainer.default_root_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"lightning-fedhet: error: {expected}"), err
 

@@ -63,3 +63,11 @@ def test_round_printer_writes_above_the_progress_bar(capsys):
 def test_round_printer_rejects_bad_arguments():
     with pytest.raises(ValueError, match="every_n_rounds must be an integer >= 1"):
         RoundPrinter(every_n_rounds=0)
+
+
+@pytest.mark.parametrize("callback", [RoundProgressBar, RoundPrinter])
+def test_round_progress_needs_the_federated_strategy(callback):
+    trainer = quiet_trainer(max_epochs=1, callbacks=[callback()], enable_progress_bar=callback is RoundProgressBar)
+    loader = torch.utils.data.DataLoader(toy_dataset(8), batch_size=4)
+    with pytest.raises(TypeError, match=f"{callback.__name__} needs Trainer\\(strategy=FedHetStrategy"):
+        trainer.fit(TinyClassifier(), train_dataloaders=loader)

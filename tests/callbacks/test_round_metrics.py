@@ -98,8 +98,9 @@ def _csv_rows(logger):
         return list(csv.DictReader(f))
 
 
-def test_validated_rounds_share_the_validation_row(tmp_path):
-    strategy = FedHetStrategy(participation=UniformSample(3), local_steps=2, seed=0)
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_validated_rounds_share_the_validation_row(tmp_path, engine):
+    strategy = FedHetStrategy(participation=UniformSample(3), local_steps=2, seed=0, engine=engine)
     logger = CSVLogger(tmp_path)
     trainer = quiet_trainer(
         strategy=strategy, max_epochs=4, logger=logger, callbacks=[RoundMetrics()], check_val_every_n_epoch=2
