@@ -30,28 +30,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_fedhet.config_summary import federated_config
+from lightning_fedhet.history import round_metrics
 
 from ._common import federated_strategy, wandb_loggers
 
 __all__ = ["RoundMetrics", "round_metrics"]
-
-
-def round_metrics(record: dict) -> dict[str, float]:
-    """The logged ``round/*`` scalars of one ``strategy.history`` record (counts of its id sets, sums, bytes)."""
-    return {
-        "round/available": float(len(record["available"])),
-        "round/selected": float(len(record["selected"])),
-        # local_steps holds the clients that trained (received the model and ran their steps)
-        "round/trained": float(len(record["local_steps"])),
-        "round/received": float(len(record["received"])),
-        "round/rejected": float(len(record["rejected"])),
-        "round/local_steps": float(sum(record["local_steps"].values())),
-        "round/upload_bytes": float(record["upload_bytes"]),
-        "round/download_bytes": float(record["download_bytes"]),
-        "round/sim_time": float(record["sim_time"]),
-        "round/wasted_steps": float(record["wasted_steps"]),
-        "round/memory_bytes": float(record["memory_bytes"]),
-    }
 
 
 class RoundMetrics(Callback):

@@ -17,6 +17,7 @@ from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
+from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import OPTIMIZER_STATES, Server, check_update_norm
 from lightning_fedhet.system.steps import check_local_steps, local_steps_for
 
@@ -49,8 +50,8 @@ def check_arguments(
     if num_clients is not None and int(num_clients) < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     check_local_steps(local_steps)
-    if seed is not None and int(seed) < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    if seed is not None:
+        resolve_seed(seed)
     if deadline is not None and latency is None:
         raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
     check_update_norm(max_update_norm, update_norm_action)

@@ -134,7 +134,7 @@ def test_other_config_errors_name_their_argument(tmp_path, capsys, overrides, ex
 
 
 def test_cli_config_is_saved_with_the_wandb_run(tmp_path, monkeypatch):
-    from wandb_records import offline_run
+    from tests.wandb_records import offline_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cli = _cli(

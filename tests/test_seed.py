@@ -6,11 +6,11 @@ The strategy-level tests need ``FedHetStrategy(seed=None)`` to resolve its seed 
 
 import numpy as np
 import pytest
-from helpers import TinyClassifier, quiet_trainer, toy_dataset
 from lightning.pytorch import seed_everything
 
 from lightning_fedhet import IID, FederatedDataModule, FedHetStrategy, UniformSample
 from lightning_fedhet.seeding import resolve_seed
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 
 @pytest.fixture(autouse=True)

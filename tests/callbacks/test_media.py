@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import TinyClassifier, quiet_trainer, toy_dataset
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning_fedhet.callbacks import (
@@ -21,12 +20,13 @@ from lightning_fedhet.model_zoo import EarlyExitNet
 from PIL import Image
 from torch import nn
 from torch.utils.data import TensorDataset
-from wandb_records import offline_run
 
 from lightning_fedhet import FedAvg, FederatedDataModule, FedHetStrategy, Full, UniformSample
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel, ShiftedExponential
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.wandb_records import offline_run
 
 N = 12
 

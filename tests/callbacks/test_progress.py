@@ -4,10 +4,10 @@ import re
 
 import pytest
 import torch
-from helpers import TinyClassifier, quiet_trainer, toy_dataset
 from lightning_fedhet.callbacks import RoundPrinter, RoundProgressBar, round_postfix
 
 from lightning_fedhet import IID, FederatedDataModule, FedHetStrategy, UniformSample
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 
 def _fit(callbacks, rounds=3, progress_bar=False, **kwargs):

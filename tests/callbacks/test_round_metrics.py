@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import TinyClassifier, quiet_trainer, toy_dataset
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning_fedhet.callbacks import RoundMetrics, round_metrics
@@ -17,6 +16,7 @@ from lightning_fedhet import IID, FedAvg, FederatedDataModule, FedHetStrategy, F
 from lightning_fedhet.config_summary import federated_config
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 # TinyClassifier(5 features, 3 classes): 5*3 weights + 3 biases, float32
 MODEL_BYTES = (5 * 3 + 3) * 4
