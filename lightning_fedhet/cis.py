@@ -1,6 +1,6 @@
 """Cooperative inference system (CIS) topologies and their serving rates (thesis ch.5, Fed-CIS).
 
-Spec: ``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §2.1 (rates), §2.7 (trees, partitions, serving settings).
+Serving rates follow the thesis's ch. 5 definitions (trees, partitions, serving settings of its experiments).
 
 A CIS is a tree (cloud - edge - devices). Node ``i`` holds exits ``1..E_i`` of an early-exit network (parents hold
 strictly deeper exits than their children) and, at inference time, answers with its largest exit ``E_i``.

@@ -1,6 +1,6 @@
 """FedACS vs FedAvg, c-a-FedAvg, FedVARP, FedNova, FedAU and OS under static and dynamic system heterogeneity.
 
-Reduced-scale reproduction of the FedACS paper's DNN experiments (spec ``shared/specs/fedacs.md`` §4-5, Tables 1
+Reduced-scale reproduction of the FedACS paper's DNN experiments (Tables 1
 and 4, Figs. 6 and 9): M = 20 clients, K = 6 draws per round (fraction 0.3), non-IID Fashion-MNIST (the paper:
 MNIST, CIFAR-10, CINIC-10), on a class-balanced subset of the training set and a small model.
 
