@@ -20,9 +20,10 @@ Time per round is measured between the end of round 1 and the end of the last ro
 warm-up round excluded; for compiled executors the first round holds the compilation, reported separately as
 ``first_round_s``); the best of ``--repeats`` runs is kept. Ratios, not absolute times, are the result.
 
-``--memory`` measures, in a fresh process per cohort size C = 10, 100, 1,000 (B1 model, random inputs), the peak
-resident memory added by one vmap round over the resident memory before it (Linux: the peak is reset through
-``/proc/self/clear_refs`` after a warm-up round of the same size, so compilation and library loading are excluded).
+``--memory`` measures, in a fresh process per cohort size C = 10, 100, 1,000 (B1 model, SGD with momentum, random
+inputs created beforehand and not counted), the peak resident memory added by one vmap round over the resident memory
+before it (Linux: the peak is reset through ``/proc/self/clear_refs`` after three warm-up rounds, of 1 client, or of
+C clients for the steady state of a long run; compilation and library loading are excluded).
 """
 
 from __future__ import annotations
@@ -241,39 +242,46 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def rss_child(clients: int, compile: bool) -> None:
-    """One process, one cohort size: print the peak resident memory a vmap round adds (B1 shapes, random data)."""
+def rss_child(clients: int, compile: bool, warm_clients: int) -> None:
+    """One process, one cohort size: print the peak resident memory a vmap round adds (B1 shapes, random data).
+
+    The warm-up rounds have ``warm_clients`` clients: 1 measures what a round of ``clients`` needs beyond a tiny
+    one; ``clients`` measures what a later round of the same size adds (allocator reuse, leaks).
+    """
     torch.manual_seed(0)
     module = _Plain(create("logistic_regression", in_features=60))
     opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     steps, batch = 5, 32
     data = [(torch.randn(clients, batch, 60), torch.randint(0, 10, (clients, batch))) for _ in range(steps)]
 
-    def one_round() -> None:
-        cohort = VmapCohort(module, opt, range(clients), np.full(clients, steps), compile=compile)
+    def one_round(size: int) -> None:
+        cohort = VmapCohort(module, opt, range(size), np.full(size, steps), compile=compile)
         for k in range(steps):
-            cohort.step(data[k], k)
+            cohort.step((data[k][0][:size], data[k][1][:size]), k)
         cohort.flat_params()
 
     for _ in range(3):  # warm-up: library loading, the allocator's first pages, compilation
-        one_round()
+        one_round(warm_clients)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak resident set size (VmHWM)
     before = _rss_kib("VmRSS")
-    one_round()
+    one_round(clients)
     peak = _rss_kib("VmHWM")
     num_params = sum(p.numel() for p in module.parameters())
-    print(json.dumps({"clients": clients, "compile": compile, "peak_growth_mib": (peak - before) / 1024,
+    print(json.dumps({"clients": clients, "compile": compile, "warm_clients": warm_clients,
+                      "peak_growth_mib": (peak - before) / 1024,
                       "stacked_params_mib": clients * num_params * 4 / 2**20,
                       "batch_mib": steps * clients * batch * 61 * 4 / 2**20}))
 
 
 def memory_table() -> list[dict]:
     rows = []
-    for compile in (False, True):
+    for compile, warm in ((False, "1"), (False, "same"), (True, "same")):
         for clients in (10, 100, 1000):
+            warm_clients = str(clients) if warm == "same" else warm
             out = subprocess.run(
-                [sys.executable, __file__, "--rss-child", str(clients)] + (["--compile"] if compile else []),
+                [sys.executable, __file__, "--rss-child", str(clients), "--warm-clients", warm_clients]
+                + (["--compile"] if compile else []),
                 capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
             )  # fmt: skip
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -295,9 +303,10 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="peak RSS of a vmap round for C = 10, 100, 1000")
     parser.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-clients", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child is not None:
-        rss_child(args.rss_child, args.compile)
+        rss_child(args.rss_child, args.compile, args.warm_clients)
         return
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "

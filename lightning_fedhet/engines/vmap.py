@@ -1,4 +1,4 @@
-"""The vmap cohort engine: a whole round's cohort trains at once with ``torch.func`` (DESIGN.md §2.5).
+"""The vmap cohort engine: a whole round's cohort trains at once with ``torch.func``.
 
 Each client's parameters are one row of stacked tensors ``[C, *shape]``. One local step of the cohort is a
 single ``vmap(grad_and_value(training_step))`` call over the stacked parameters and the stacked client
@@ -6,8 +6,14 @@ batches ``[C, B, ...]``, followed by one step of the user's optimizer class on t
 the supported optimizers (SGD, Adam, AdamW, RMSprop, Adagrad) update every element independently, stepping
 the stacked tensors is the same as stepping each client's copy with its own state; their one scalar per
 tensor (Adam's step count) is shared, which is exact because every client still training has taken the same
-number of steps. Clients with fewer local steps than the round's maximum are masked: after each step their
-rows (parameters and optimizer state) are put back, so they stay at their last real step.
+number of steps. Clients with fewer local steps than the round's maximum are masked so that they stay at their
+last real step: uncompiled, their rows (parameters and optimizer state) are put back after each step; compiled
+(``compile=True``, see ``_compiled.py``), the update is ``torch.where(active, new, old)`` inside the graph, which
+is exact and needs no copies. Multiplying the gradients of finished clients by zero would not be exact: weight
+decay and momentum still move the parameters, and Adam's moments still decay.
+
+Each cohort sums its clients' training losses as a tensor (:meth:`VmapCohort.mean_losses`), so an engine can read
+them once per round instead of converting a value per client per step.
 
 Limits (each raises :class:`VmapUnsupported` naming the cause and the ``engine="sequential"`` fallback):
 modules with running statistics (BatchNorm), optimizers whose state is not elementwise (LBFGS, ...),
