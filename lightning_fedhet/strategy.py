@@ -60,6 +60,9 @@ class FedHetStrategy(SingleDeviceStrategy):
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
         engine: ``"sequential"`` (one client at a time through Lightning's loop, any module) or ``"vmap"`` (the
             round's cohort in lock-step with ``torch.func``).
+        compile: ``engine="vmap"`` only: ``True`` compiles the cohort step with ``torch.compile``,
+            ``"reduce-overhead"`` adds CUDA graphs on a GPU; a model that cannot be compiled falls back to the
+            eager cohort with one warning (see docs/performance.md for when it pays).
         seed: seed of every random draw (participation, selection, channel, data order); ``None`` takes
             Lightning's global seed (``seed_everything``), else 0.
         optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
@@ -97,6 +100,7 @@ class FedHetStrategy(SingleDeviceStrategy):
         num_clients: int | None = None,
         partitioner: Any = None,
         engine: str = "sequential",
+        compile: bool | str = False,
         seed: int | None = None,
         optimizer_state: str = "reset",
         client_weights: str = "uniform",
@@ -144,7 +148,8 @@ class FedHetStrategy(SingleDeviceStrategy):
         self.update_norm_action = update_norm_action
         self.server: Server | None = None
         self.flat: FlatModel | None = None
-        self._engine: Engine = ENGINES[engine]()
+        self.compile = compile
+        self._engine: Engine = ENGINES[engine](compile=compile)
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ public state
