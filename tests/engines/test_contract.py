@@ -73,8 +73,8 @@ CASES = {
     "UPGAPL": (lambda: UPGAPL(), _hetero),
     "DMAPL": (lambda: DMAPL(), _hetero),
     "UDMAPL": (lambda: UDMAPL(), _hetero),
-    "FedNova": (lambda: FedNova(), _hetero),
-    "FedACS": (lambda: FedACS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "FedNova": (lambda: FedNova(momentum=0.5), _hetero),  # the module's SGD momentum (checked at setup)
+    "FedACS": (lambda: FedACS(K=4, momentum=0.5), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
     "SampledFedAvg": (lambda: SampledFedAvg(K=4), dict(channel=_hetero["channel"])),
     "CAFedAvg": (lambda: CAFedAvg(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
     "OS": (lambda: OS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
@@ -165,3 +165,10 @@ def test_every_exported_algorithm_has_a_case():
 def test_vmap_refuses_per_client_configs_with_weight_decay():
     with pytest.raises(VmapUnsupported, match="weight_decay.*engine='sequential'"):
         _run_fedcis(dict(engine="vmap"), weight_decay=5e-4)
+
+
+@pytest.mark.parametrize("case", ["FedAvg-known_p", "FedVARP"])
+def test_compiled_vmap_matches_sequential(case: str):
+    # Bernoulli participation, a lossy uplink and unequal local steps (1-3) over 4 rounds; compiling on a CPU costs
+    # seconds, so the compiled variant runs two representative cases (a stateless and a stateful rule)
+    _assert_same_run(_reference(case), _run(dict(engine="vmap", compile=True), case))
