@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.assembly import build_server, check_arguments
@@ -37,7 +38,7 @@ from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
 from lightning_fedhet.seeding import resolve_seed
-from lightning_fedhet.server import Server
+from lightning_fedhet.server import OPTIMIZER_STATES, Server
 
 ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
 
@@ -114,8 +115,8 @@ class FedHetStrategy(SingleDeviceStrategy):
         super().__init__(
             device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
         )
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {engine!r}")
+        check_choice(engine, "engine", tuple(ENGINES))
+        check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
         if optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
             raise ValueError(f"optimizer_state='persist' is not supported by engine={engine!r}; use 'sequential'")
         check_arguments(

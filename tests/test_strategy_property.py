@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from property_inputs import PROPERTY, arg, bounded_junk, build, ints, junk, seeds
 
 from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel, TwoGroupSteps, UniformSteps
+from tests.property_inputs import PROPERTY, arg, bounded_junk, build, ints, junk, seeds
 
 PARAMS = ("local_steps", "num_clients", "seed", "max_update_norm", "update_norm_action", "optimizer_state",
           "client_weights", "engine")
@@ -63,7 +63,6 @@ def test_strategy_arguments(kwargs, participation, channel):
         assert strategy.seed >= 0
 
 
-@pytest.mark.xfail(strict=True, reason="strategy.py compares engine/optimizer_state before naming them")
 @pytest.mark.parametrize("kwargs", [{"engine": []}, {"optimizer_state": np.array([])}], ids=["engine", "state"])
 def test_strategy_known_gaps(kwargs):
     build(lambda: FedHetStrategy(**kwargs), *PARAMS)

@@ -97,7 +97,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_fedhet._checks import check_vector
+from lightning_fedhet._checks import check_bool, check_choice, check_real, check_vector
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 from lightning_fedhet.cis import CISTopology
@@ -369,12 +369,10 @@ class FedCIS(Algorithm):
         super().__init__()
         if not isinstance(topology, CISTopology):
             raise ValueError(f"topology must be a CISTopology, got {type(topology).__name__}")
-        if isinstance(server_lr, bool) or not isinstance(server_lr, numbers.Real) or not server_lr > 0:
-            raise ValueError(f"server_lr must be a number > 0, got {server_lr!r}")
-        if not math.isfinite(float(server_lr)):
-            raise ValueError(f"server_lr must be finite, got {server_lr!r}")
-        if prob_weighting not in PROB_WEIGHTINGS:
-            raise ValueError(f"prob_weighting must be one of {PROB_WEIGHTINGS}, got {prob_weighting!r}")
+        check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
+        check_choice(prob_weighting, "prob_weighting", PROB_WEIGHTINGS)
+        check_bool(normalize, "normalize")
+        check_bool(correct_participation, "correct_participation")
         if flops_schedule not in FLOPS_SCHEDULES:
             raise ValueError(f"flops_schedule must be one of {FLOPS_SCHEDULES}, got {flops_schedule!r}")
         if aggregation_base not in AGGREGATION_BASES:

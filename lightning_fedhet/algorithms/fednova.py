@@ -51,6 +51,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
 
@@ -91,8 +92,8 @@ def check_local_solver(momentum: float, prox_mu: float, local_lr: float | None) 
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
     if isinstance(prox_mu, bool) or not isinstance(prox_mu, numbers.Real) or not prox_mu >= 0.0:
         raise ValueError(f"prox_mu must be >= 0, got {prox_mu!r}")
-    if local_lr is not None and not local_lr > 0:
-        raise ValueError(f"local_lr must be > 0, got {local_lr!r}")
+    if local_lr is not None:
+        local_lr = check_real(local_lr, "local_lr", 0.0, low_open=True, high_open=True)
     if prox_mu > 0:
         if local_lr is None:
             raise ValueError("prox_mu > 0 needs local_lr (the client learning rate) to compute ||a_i||_1")
@@ -184,18 +185,15 @@ class FedNova(Algorithm):
     ) -> None:
         super().__init__()
         check_local_solver(momentum, prox_mu, local_lr)
-        if weighting not in NOVA_WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {NOVA_WEIGHTINGS}, got {weighting!r}")
-        if divisor not in NOVA_DIVISORS:
-            raise ValueError(f"divisor must be one of {NOVA_DIVISORS}, got {divisor!r}")
+        check_choice(weighting, "weighting", NOVA_WEIGHTINGS)
+        check_choice(divisor, "divisor", NOVA_DIVISORS)
         if divisor == "selected" and weighting != "participating":
             raise ValueError(
                 "divisor='selected' needs weighting='participating' (the sample counts of lost clients are not "
                 "reported; pass client_weights proportional to |D_i| instead)"
             )
         self.divisor = divisor
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
         self.momentum = float(momentum)
         self.prox_mu = float(prox_mu)
         self.local_lr = None if local_lr is None else float(local_lr)

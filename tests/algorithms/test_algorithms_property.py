@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from property_inputs import PROPERTY, arg, build, counts, ints, junk, probs
 
 from lightning_fedhet.algorithms import (
     DMAPL,
@@ -40,6 +39,7 @@ from lightning_fedhet.algorithms import (
     SystemEstimator,
 )
 from lightning_fedhet.cis import CISTopology
+from tests.property_inputs import PROPERTY, arg, build, counts, ints, junk, probs
 
 N = 3  # clients in setup; per-client arguments of other lengths must be refused there, naming the argument
 
@@ -123,10 +123,7 @@ def kwargs_for(cls, valid: dict) -> st.SearchStrategy:
 VALID = dict(RULES)
 # FedNova and FedCIS compare or convert some arguments before checking them by name (see test_rule_known_gaps);
 # their property runs but may fail until they use the shared checks.
-_PENDING = {FedNova: "fednova.py: server_lr/local_lr compared with '>' before their type is checked",
-            FedCIS: "fedcis.py: bool(normalize), and '>' / 'in' on unchecked arguments"}
-CASES = [pytest.param(cls, marks=pytest.mark.xfail(strict=False, reason=_PENDING[cls])) if cls in _PENDING else cls
-         for cls in VALID]
+CASES = list(VALID)
 
 
 @pytest.mark.parametrize("cls", CASES, ids=[cls.__name__ for cls in VALID])
@@ -215,7 +212,6 @@ def test_round_context(round, num_clients, available, selected, received):
 _TOPOLOGY = CISTopology.preset()
 
 
-@pytest.mark.xfail(strict=True, reason="the rule does not check this argument by name yet")
 @pytest.mark.parametrize("make", [
     lambda: FedNova(server_lr=None),
     lambda: FedNova(server_lr=float("inf")),

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from property_inputs import PROPERTY, arg, build, counts, ints, junk, probs, seeds
 
 from lightning_fedhet.participation import (
     Bernoulli,
@@ -21,6 +20,7 @@ from lightning_fedhet.participation import (
     TwoGroup,
     UniformSample,
 )
+from tests.property_inputs import PROPERTY, arg, build, counts, ints, junk, probs, seeds
 
 
 def check_process(proc, num_clients, seed, *params: str, **setup_kwargs) -> None:

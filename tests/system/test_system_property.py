@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from property_inputs import PROPERTY, arg, build, counts, ints, junk, probs, seeds
 
 from lightning_fedhet.system import (
     LossyChannel,
@@ -19,6 +18,7 @@ from lightning_fedhet.system import (
     VirtualClock,
     local_steps_for,
 )
+from tests.property_inputs import PROPERTY, arg, build, counts, ints, junk, probs, seeds
 
 loss_probs = probs(0.0, 0.999)
 

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from property_inputs import PROPERTY, arg, bounded_junk, build, counts, ints, junk, seeds
 
 from lightning_fedhet.data import IID, Dirichlet, LabelSwap, Shards
+from tests.property_inputs import PROPERTY, arg, bounded_junk, build, counts, ints, junk, seeds
 
 _label_lists = st.lists(st.integers(0, 9), min_size=1, max_size=60)
 labels_ = st.one_of(
