@@ -23,6 +23,8 @@ class Stream(IntEnum):
     PARTITION = 7
     LATENCY = 8
     LOSS_RATES = 9
+    REQUEST_CLIENT = 11  # asynchronous training: which client a request goes to (and Sync-ST's task split)
+    REQUEST_LATENCY = 12  # asynchronous training: each request's duration
 
 
 def generator(seed: int, stream: int, *keys: int) -> np.random.Generator:
