@@ -33,10 +33,16 @@ def main(args: list[str] | None = None) -> LightningCLI:
     _wandb_offline_unless_logged_in()
     return LightningCLI(
         pl.LightningModule,
-        pl.LightningDataModule,
+        # None: any LightningDataModule subclass, and `data:` may be left out when the model brings its own
+        # dataloaders (lightning_fedhet.asynchronous.MultiTaskModule holds one datamodule per task)
+        None,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
+        # Lightning's CLI would hand the top-level model's config as hyperparameters to *every* LightningModule it
+        # builds, so the task modules nested in a MultiTaskModule would lose their own (and a nested datamodule
+        # without a top-level `data:` crashes). Each module saves its own hyperparameters instead.
+        load_from_checkpoint_support=False,
         args=args,
     )
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from lightning_fedhet.asynchronous.module import MultiTaskModule
 from lightning_fedhet.asynchronous.strategy import FedASTStrategy
 
 
@@ -53,6 +54,8 @@ class TimeToTarget(Callback):
         if not isinstance(trainer.strategy, FedASTStrategy):
             raise TypeError(f"TimeToTarget needs Trainer(strategy=FedASTStrategy(...)), got "
                             f"{type(trainer.strategy).__name__}")
+        if not isinstance(pl_module, MultiTaskModule):
+            raise TypeError(f"TimeToTarget needs a MultiTaskModule, got {type(pl_module).__name__}")
         unknown = set(self.targets) - set(pl_module.task_names)
         if unknown:
             raise ValueError(f"targets name unknown tasks {sorted(unknown)}; the tasks are {pl_module.task_names}")
