@@ -201,6 +201,7 @@ def main(argv=None) -> list[dict]:
         for method in args.methods:
             result = run_one(method, seed, args, dms)
             runs.append(result)
+            (out / "runs.json").write_text(json.dumps(runs, default=float, indent=1))  # kept if interrupted
             times = " ".join(f"{t}={v:.0f}" for t, v in result["times"].items())
             print(f"[{NAME}] seed {seed} {method:17s} last {result['last']:7.0f} s ({times}) "
                   f"updates {result['updates']} staleness {result['staleness']:.2f} wall {result['wall']:.0f} s "
@@ -242,8 +243,7 @@ def write_outputs(args, runs: list[dict], out: Path, total: float) -> None:
             f"'> x' = not reached within the budget)\n\n{table}\n" + "\n".join(f"- {g}" for g in gains)
             + f"\n\nTotal wall-clock: {total:.0f} s.\n\n![time to target]({NAME}.png)\n")
     (out / "results.md").write_text(text)
-    (out / "runs.json").write_text(json.dumps([{k: v for k, v in r.items()} for r in runs],
-                                              default=float, indent=1))
+    (out / "runs.json").write_text(json.dumps(runs, default=float, indent=1))
     plot(args, runs, out / f"{NAME}.png")
     print(text)
 
