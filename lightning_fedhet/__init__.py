@@ -9,6 +9,7 @@ Example::
     Trainer(strategy=strategy, max_epochs=50).fit(model, datamodule=FederatedDataModule(train, Dirichlet(0.5), 100))
 """
 
+from lightning_fedhet import asynchronous  # noqa: F401  (registers the "fedast" strategy)
 from lightning_fedhet.algorithms import Algorithm, ClientInfo, FedAvg, RoundContext
 from lightning_fedhet.data import IID, Dirichlet, FederatedDataModule
 from lightning_fedhet.participation import Full, Participation, UniformSample

@@ -88,11 +88,16 @@ class FedHetCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if not args:
             kwargs.setdefault("model_class", pl.LightningModule)
-            kwargs.setdefault("datamodule_class", pl.LightningDataModule)
+            # None: any LightningDataModule subclass, and `data:` may be left out when the model brings its own
+            # dataloaders (lightning_fedhet.asynchronous.MultiTaskModule holds one datamodule per task)
+            kwargs.setdefault("datamodule_class", None)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_callback", FedHetSaveConfigCallback)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        # Lightning's CLI would hand the top-level model's config as hyperparameters to *every* LightningModule it
+        # builds, so the task modules nested in a MultiTaskModule would lose their own; each module saves its own.
+        kwargs.setdefault("load_from_checkpoint_support", False)
         parser_kwargs = dict(kwargs.pop("parser_kwargs", None) or {})
         parser_kwargs.setdefault("description", DESCRIPTION)
         parser_kwargs.setdefault("fit", {"description": FIT_DESCRIPTION})

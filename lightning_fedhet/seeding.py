@@ -25,6 +25,8 @@ class Stream(IntEnum):
     LATENCY = 8
     LOSS_RATES = 9
     PROBE = 10
+    REQUEST_CLIENT = 11  # asynchronous training: which client a request goes to (and Sync-ST's task split)
+    REQUEST_LATENCY = 12  # asynchronous training: each request's duration
 
 
 # Static (not per-round) draws of a stream live under ``generator(seed, stream, STATIC_KEY, sub_key)``. Round draws
