@@ -22,9 +22,9 @@ needs_fmnist = pytest.mark.skipif(
 @pytest.mark.parametrize("config, rule", [("fedast_tasks.yaml", "FedAST"), ("fedast_syncst.yaml", "SyncST")])
 def test_cli_runs_the_fedast_configs(tmp_path, config, rule):
     from lightning_fedhet.asynchronous import FedASTStrategy, MultiTaskModule
-    from lightning_fedhet.cli import main
+    from lightning_fedhet.cli import FedHetCLI
 
-    cli = main(["fit", "--config", str(ROOT / "configs" / "papers" / config), "--trainer.max_epochs=2",
+    cli = FedHetCLI(args=["fit", "--config", str(ROOT / "configs" / "papers" / config), "--trainer.max_epochs=2",
                 f"--trainer.default_root_dir={tmp_path}"])
     strategy = cli.trainer.strategy
     assert isinstance(strategy, FedASTStrategy) and type(strategy.rule).__name__ == rule

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 from lightning_fedhet import IID, FedAvg, FederatedDataModule, FedHetStrategy, UniformSample
 from lightning_fedhet.asynchronous import FedAST, FedASTStrategy, MultiTaskModule, SyncST
 from lightning_fedhet.participation import Full, Trace
 from lightning_fedhet.system import ShiftedExponential
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 N = 8
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fedhet import IID, FederatedDataModule
@@ -13,6 +12,7 @@ from lightning_fedhet.asynchronous import FedAST, FedASTStrategy, MultiTaskModul
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel, ShiftedExponential
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 
 def _dm(seed=0, val=True):
