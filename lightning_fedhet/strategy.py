@@ -40,74 +40,32 @@ from lightning_fedhet.server import Server
 ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
 
 
-class FedHetStrategy(SingleDeviceStrategy):
-    """Simulate federated training of the user's LightningModule.
+class FederatedStrategyMixin:
+    """The Lightning plumbing shared by :class:`FedHetStrategy` (one process) and ``FedHetDDPStrategy`` (many).
 
-    Args:
-        algorithm: server rule (default ``FedAvg()``).
-        participation: availability process (default ``Full()``).
-        local_steps: local optimizer steps per selected client per round: int >= 1, a per-client
-            sequence, or a per-round draw such as ``UniformSteps(low, high)``.
-        selection: optional server selection among available clients, ``UniformSample(k)``; default: the
-            algorithm's ``select`` (all available clients). Rules with their own sampler refuse it.
-        channel: optional ``LossyChannel(uplink=..., downlink=...)``; default: lossless.
-        latency: optional per-client latency model (e.g. ``ShiftedExponential``) driving the simulated
-            clock: a round lasts until its slowest arrived update (or the deadline).
-        deadline: optional per-round deadline in simulated seconds; updates arriving later are dropped.
-        num_clients: number of clients when the datamodule is a plain LightningDataModule.
-        partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
-        engine: ``"sequential"`` (one client at a time through Lightning's loop, any module) or ``"vmap"`` (the
-            round's cohort in lock-step with ``torch.func``).
-        seed: seed of every random draw (participation, selection, channel, data order); ``None`` takes
-            Lightning's global seed (``seed_everything``), else 0.
-        optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
-            (each client keeps its own optimizer state across rounds; memory grows with N).
-        client_weights: ``alpha_i`` passed to the algorithm: ``"uniform"`` (1/N) or ``"samples"`` (|D_i|/|D|).
-        max_update_norm: optional bound on the L2 norm of a client's parameter update (robustness).
-        update_norm_action: ``"reject"`` (such an update is rejected and counted, like a non-finite one) or
-            ``"clip"`` (it is scaled down to the bound).
-        device: the device clients train on.
-
-    Attributes:
-        server: the run's :class:`~lightning_fedhet.server.Server` (``None`` before fitting).
-        history: one dict per closed round (see :func:`lightning_fedhet.history.round_record`).
-        rejected_total: client updates rejected as non-finite so far.
-
-    Example::
-
-        strategy = FedHetStrategy(algorithm=FedAvg(), participation=UniformSample(10), local_steps=5)
-        trainer = Trainer(strategy=strategy, max_epochs=50)  # 50 rounds
-        trainer.fit(model, datamodule=FederatedDataModule(train, Dirichlet(0.5), num_clients=100))
-        strategy.history[-1]["received"]  # ids whose update reached the server in the last round
+    Mixed in before a Lightning strategy class, whose methods it extends through ``super()``.
     """
 
-    strategy_name = "fedhet"
-
-    def __init__(
+    def _init_federation(
         self,
-        algorithm: Algorithm | None = None,
-        participation: Participation | None = None,
-        local_steps: Any = 1,
-        selection: Any = None,
-        channel: Any = None,
-        latency: Any = None,
-        deadline: float | None = None,
-        num_clients: int | None = None,
-        partitioner: Any = None,
-        engine: str = "sequential",
-        seed: int | None = None,
-        optimizer_state: str = "reset",
-        client_weights: str = "uniform",
-        max_update_norm: float | None = None,
-        update_norm_action: str = "reject",
-        device: str | torch.device = "cpu",
-        accelerator: pl.accelerators.Accelerator | None = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
+        *,
+        algorithm: Algorithm | None,
+        participation: Participation | None,
+        local_steps: Any,
+        selection: Any,
+        channel: Any,
+        latency: Any,
+        deadline: float | None,
+        num_clients: int | None,
+        partitioner: Any,
+        engine: str,
+        seed: int | None,
+        optimizer_state: str,
+        client_weights: str,
+        max_update_norm: float | None,
+        update_norm_action: str,
     ) -> None:
-        super().__init__(
-            device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
-        )
+        """Validate and keep the federation's arguments (shared by the strategies' ``__init__``)."""
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {engine!r}")
         if optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
@@ -175,8 +133,8 @@ class FedHetStrategy(SingleDeviceStrategy):
         if trainer.accumulate_grad_batches != 1:
             # accumulated gradients would leak from one client into the next
             raise ValueError(
-                f"FedHetStrategy needs Trainer(accumulate_grad_batches=1), got {trainer.accumulate_grad_batches}; "
-                "set the clients' work with local_steps instead"
+                f"{type(self).__name__} needs Trainer(accumulate_grad_batches=1), got "
+                f"{trainer.accumulate_grad_batches}; set the clients' work with local_steps instead"
             )
         if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval < 1.0:
             # a fraction of an epoch is undefined: rounds differ in length and are planned when they start
@@ -236,8 +194,12 @@ class FedHetStrategy(SingleDeviceStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         if self.server is not None:
-            checkpoint["fedhet"] = self.server.state_dict()
+            checkpoint["fedhet"] = self._server_state()
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def _server_state(self) -> dict:
+        """The server's state as checkpoints hold it."""
+        return self.server.state_dict()
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(checkpoint_path)
@@ -271,6 +233,93 @@ class FedHetStrategy(SingleDeviceStrategy):
             stacklevel=2,
         )
 
+
+class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
+    """Simulate federated training of the user's LightningModule.
+
+    Args:
+        algorithm: server rule (default ``FedAvg()``).
+        participation: availability process (default ``Full()``).
+        local_steps: local optimizer steps per selected client per round: int >= 1, a per-client
+            sequence, or a per-round draw such as ``UniformSteps(low, high)``.
+        selection: optional server selection among available clients, ``UniformSample(k)``; default: the
+            algorithm's ``select`` (all available clients). Rules with their own sampler refuse it.
+        channel: optional ``LossyChannel(uplink=..., downlink=...)``; default: lossless.
+        latency: optional per-client latency model (e.g. ``ShiftedExponential``) driving the simulated
+            clock: a round lasts until its slowest arrived update (or the deadline).
+        deadline: optional per-round deadline in simulated seconds; updates arriving later are dropped.
+        num_clients: number of clients when the datamodule is a plain LightningDataModule.
+        partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
+        engine: ``"sequential"`` (one client at a time through Lightning's loop, any module) or ``"vmap"`` (the
+            round's cohort in lock-step with ``torch.func``).
+        seed: seed of every random draw (participation, selection, channel, data order); ``None`` takes
+            Lightning's global seed (``seed_everything``), else 0.
+        optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
+            (each client keeps its own optimizer state across rounds; memory grows with N).
+        client_weights: ``alpha_i`` passed to the algorithm: ``"uniform"`` (1/N) or ``"samples"`` (|D_i|/|D|).
+        max_update_norm: optional bound on the L2 norm of a client's parameter update (robustness).
+        update_norm_action: ``"reject"`` (such an update is rejected and counted, like a non-finite one) or
+            ``"clip"`` (it is scaled down to the bound).
+        device: the device clients train on.
+
+    Attributes:
+        server: the run's :class:`~lightning_fedhet.server.Server` (``None`` before fitting).
+        history: one dict per closed round (see :func:`lightning_fedhet.history.round_record`).
+        rejected_total: client updates rejected as non-finite so far.
+
+    Example::
+
+        strategy = FedHetStrategy(algorithm=FedAvg(), participation=UniformSample(10), local_steps=5)
+        trainer = Trainer(strategy=strategy, max_epochs=50)  # 50 rounds
+        trainer.fit(model, datamodule=FederatedDataModule(train, Dirichlet(0.5), num_clients=100))
+        strategy.history[-1]["received"]  # ids whose update reached the server in the last round
+    """
+
+    strategy_name = "fedhet"
+
+    def __init__(
+        self,
+        algorithm: Algorithm | None = None,
+        participation: Participation | None = None,
+        local_steps: Any = 1,
+        selection: Any = None,
+        channel: Any = None,
+        latency: Any = None,
+        deadline: float | None = None,
+        num_clients: int | None = None,
+        partitioner: Any = None,
+        engine: str = "sequential",
+        seed: int | None = None,
+        optimizer_state: str = "reset",
+        client_weights: str = "uniform",
+        max_update_norm: float | None = None,
+        update_norm_action: str = "reject",
+        device: str | torch.device = "cpu",
+        accelerator: pl.accelerators.Accelerator | None = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+    ) -> None:
+        super().__init__(
+            device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
+        )
+        self._init_federation(
+            algorithm=algorithm,
+            participation=participation,
+            local_steps=local_steps,
+            selection=selection,
+            channel=channel,
+            latency=latency,
+            deadline=deadline,
+            num_clients=num_clients,
+            partitioner=partitioner,
+            engine=engine,
+            seed=seed,
+            optimizer_state=optimizer_state,
+            client_weights=client_weights,
+            max_update_norm=max_update_norm,
+            update_norm_action=update_norm_action,
+        )
+
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
@@ -296,7 +345,7 @@ class _RoundLoader:
 class _RoundHooks(Callback):
     """Internal: ties rounds to Lightning's batch and epoch hooks."""
 
-    def __init__(self, strategy: FedHetStrategy) -> None:
+    def __init__(self, strategy: FederatedStrategyMixin) -> None:
         self.strategy = strategy
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:

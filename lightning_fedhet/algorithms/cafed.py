@@ -39,7 +39,7 @@ from lightning_fedhet._checks import (
     check_round,
     check_vector,
 )
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 _F64 = torch.float64
 PI_SOURCES = ("known", "estimate")
@@ -218,6 +218,7 @@ class _AvailabilityRule(Algorithm):
     """Observes availability once per round (in select or open_round); aggregates ``sum q_i delta_i``."""
 
     selects_clients = True
+    shares_rounds = True
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -284,6 +285,9 @@ class _AvailabilityRule(Algorithm):
 
     def _on_add(self, client: int, info: ClientInfo) -> None:
         pass
+
+    def round_shares(self) -> RoundShares:
+        return RoundShares(sums=[self._sum], tables=[self._raw])
 
     def close_round(self) -> Tensor:
         if self._sum is None:
@@ -520,6 +524,11 @@ class CAFed(_AvailabilityRule):
     def _on_add(self, client: int, info: ClientInfo) -> None:
         if self.loss_source == "train" and math.isfinite(float(info.loss)):
             self._pending[client] = float(info.loss)
+
+    def round_shares(self) -> RoundShares:
+        shares = super().round_shares()
+        shares.tables.append(self._pending)  # the training losses reported this round (loss_source="train")
+        return shares
 
     def _on_close(self) -> None:
         if self._pending:

@@ -90,7 +90,7 @@ from lightning_fedhet._checks import (
     check_weights,
     per_client,
 )
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.algorithms.calibration import lr_scalings
 from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver
 
@@ -225,6 +225,7 @@ class _WithReplacementSampler(Algorithm):
     """K draws with replacement from ``p``; anonymous aggregation ``(1/K) sum c_m f_m delta_m`` (rule (3))."""
 
     selects_clients = True
+    shares_rounds = True
     uses_system = False  # whether the sampling probabilities need this round's oracle values (FedACS: True)
 
     def __init__(
@@ -430,6 +431,9 @@ class _WithReplacementSampler(Algorithm):
 
     def _after_add(self, client: int, delta: Tensor) -> None:
         pass
+
+    def round_shares(self) -> RoundShares:
+        return RoundShares(sums=[self._sum], tables=[self._raw])
 
     def close_round(self) -> Tensor:
         if self._sum is None:
@@ -725,6 +729,7 @@ class OS(_WithReplacementSampler):
         super().__init__(K, unavailable, server_lr)
         self.mix = check_real(mix, "mix", 0.0, 1.0, high_open=True)
         self.update_norms: Tensor | None = None  # float64 [N], nan = never received
+        self._round_norms: dict[int, float] = {}  # this round's received norms, written at close_round
 
     def hparams(self) -> dict:
         return {**super().hparams(), "mix": self.mix}
@@ -755,7 +760,19 @@ class OS(_WithReplacementSampler):
         return out
 
     def _after_add(self, client: int, delta: Tensor) -> None:
-        self.update_norms[client] = float(torch.linalg.vector_norm(delta.detach().to(_F64)))
+        self._round_norms[client] = float(torch.linalg.vector_norm(delta.detach().to(_F64)))
+
+    def round_shares(self) -> RoundShares:
+        shares = super().round_shares()
+        shares.tables.append(self._round_norms)
+        return shares
+
+    def close_round(self) -> Tensor:
+        # the norms are only read by the next round's select(), so they can be written once the round closes
+        for client, norm in self._round_norms.items():
+            self.update_norms[client] = norm
+        self._round_norms = {}
+        return super().close_round()
 
     def _extra_state(self) -> dict:
         return {"update_norms": _clone(self.update_norms)}

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 
 def _check_cutoff(K) -> int | None:
@@ -158,6 +158,8 @@ class FedAU(Algorithm):
         tensor([2.])
     """
 
+    shares_rounds = True
+
     def __init__(self, K: int | None = 50, server_lr: float = 1.0) -> None:
         super().__init__()
         if not server_lr > 0:
@@ -189,6 +191,9 @@ class FedAU(Algorithm):
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._sum, self._sum)
         self._sum.add(client, delta, float(self.client_weights[client]) * float(self._omega[client]))
+
+    def round_shares(self) -> RoundShares:
+        return self._sum.shares()
 
     def close_round(self) -> Tensor:
         if self._sum is None:

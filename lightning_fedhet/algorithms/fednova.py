@@ -35,7 +35,7 @@ import numbers
 from torch import Tensor
 
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 NOVA_WEIGHTINGS = ("participating", "samples")
 
@@ -102,6 +102,8 @@ class FedNova(Algorithm):
         tensor([2.])
     """
 
+    shares_rounds = True
+
     def __init__(
         self,
         momentum: float = 0.0,
@@ -154,6 +156,11 @@ class FedNova(Algorithm):
         raw = float(info.num_samples) if self.weighting == "samples" else float(self.client_weights[client])
         self._client_norms[client] = a
         self._sum.add(client, delta, raw, coef=raw / a)  # records q_i (unnormalised), adds q_i delta_i / ||a_i||_1
+
+    def round_shares(self) -> RoundShares:
+        shares = self._sum.shares()
+        shares.tables.append(self._client_norms)
+        return shares
 
     def close_round(self) -> Tensor:
         if self._sum is None:

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lightning_fedhet.federation import RoundPlan
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.server import ClientStart, Server
 
@@ -52,6 +53,8 @@ class Engine:
         self.flat: FlatModel | None = None
         self.to_device: BatchToDevice = lambda batch: batch
         self.step = 0
+        #: the part of the open round's plan this engine executes (the whole plan in one process)
+        self.plan: RoundPlan | None = None
         self._held_local: Tensor | None = None
 
     # ------------------------------------------------------------------ setup
@@ -80,7 +83,7 @@ class Engine:
         server = self.server
         if server.round_open:
             self.finish_partial_round()
-        plan = server.begin_round(server.next_round, probe=self.probe_losses)
+        plan = self.plan = server.begin_round(server.next_round, probe=self.probe_losses)
         self.step = 0
         self._begin(plan)
         if plan.num_steps == 0:
