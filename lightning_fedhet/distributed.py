@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import time
 from typing import Any
 
 import numpy as np
@@ -73,10 +74,16 @@ class ProcessGroupComm:
         group: the process group (default: the world group that Lightning's launcher initialised).
 
     Without an initialised process group it behaves as one process (rank 0 of 1) and communicates nothing.
+
+    Attributes:
+        merge_seconds: wall-clock seconds spent in :meth:`merge` so far (waiting for the slowest process included).
+        merges: number of :meth:`merge` calls so far.
     """
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
+        self.merge_seconds = 0.0
+        self.merges = 0
 
     @property
     def active(self) -> bool:
@@ -100,12 +107,15 @@ class ProcessGroupComm:
         """
         if self.world_size == 1:
             return [extra]
+        start = time.perf_counter()
         local = [dict(table) if isinstance(table, dict) else list(table) for table in shares.tables]
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, (local, extra), group=self.group)
         for i, table in enumerate(shares.tables):
             _install_union(table, [tables[i] for tables, _ in gathered])
         self.sum_(shares.sums)
+        self.merge_seconds += time.perf_counter() - start
+        self.merges += 1
         return [item for _, item in gathered]
 
     def sum_(self, tensors: list[Tensor]) -> None:

@@ -134,6 +134,38 @@ def job_one_client() -> dict:
     return result(s)
 
 
+def job_broadcast() -> dict:
+    """Rank 1's initial weights differ: every process must start from rank 0's."""
+    model = TinyClassifier(momentum=0.5)
+    with torch.no_grad():
+        model.linear.weight.add_(float(os.environ.get("LOCAL_RANK", "0")))
+    s, _ = fit(model, six_clients(), strategy=strategy(**hetero(FedAvg())))
+    return result(s)
+
+
+def hetero(algorithm) -> dict:
+    return dict(algorithm=algorithm, participation=Bernoulli(0.7), channel=LossyChannel(uplink=0.2),
+                local_steps=UniformSteps(1, 3), seed=5)
+
+
+def job_batchnorm() -> dict:
+    """Floating (running mean/var) and integer (num_batches_tracked) buffers are averaged over both processes."""
+    s, _ = fit(BatchNormClassifier(), six_clients(), strategy=strategy(**hetero(FedAvg())))
+    return result(s, ints=s.server.global_ints.clone())
+
+
+def job_persist() -> dict:
+    s, _ = fit(TinyClassifier(momentum=0.5), six_clients(),
+               strategy=strategy(**hetero(FedAvg()), optimizer_state="persist"))
+    return result(s)
+
+
+def job_reject() -> dict:
+    s, _ = fit(TinyClassifier(), six_clients(),
+               strategy=strategy(**hetero(FedAvg()), max_update_norm=0.15, update_norm_action="reject"))
+    return result(s, rejected_total=s.rejected_total)
+
+
 def job_error(kind: str) -> dict:
     model, kwargs, settings = TinyClassifier(), {}, {}
     if kind == "accumulate":
@@ -160,6 +192,10 @@ def jobs(out: Path) -> dict:
             "single_client": (job_single_client, "sequential"),
             "single_client_vmap": (job_single_client, "vmap"),
             "one_client": (job_one_client,),
+            "broadcast": (job_broadcast,),
+            "batchnorm": (job_batchnorm,),
+            "persist": (job_persist,),
+            "reject": (job_reject,),
         }
     )
     table.update({f"error-{kind}": (job_error, kind) for kind in ("accumulate", "sync_batchnorm", "ddp_wrapped",

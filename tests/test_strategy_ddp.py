@@ -216,6 +216,45 @@ def test_more_processes_than_clients(ddp):
     _assert_same_run(strategy, _as_run(r0))
 
 
+def _one_process(model, **settings) -> FedHetStrategy:
+    strategy = FedHetStrategy(**worker.hetero(FedAvg()), **settings)
+    torch.manual_seed(0)
+    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=worker.six_clients())
+    return strategy
+
+
+def test_every_process_starts_from_rank_zero_weights(ddp):
+    r0, r1 = ddp("broadcast")  # rank 1's model was built with different weights
+    _same_on_both_ranks(r0, r1)
+    _assert_same_run(_one_process(TinyClassifier(momentum=0.5)), _as_run(r0))
+
+
+def test_floating_and_integer_buffers_are_averaged_over_processes(ddp):
+    r0, r1 = ddp("batchnorm")
+    _same_on_both_ranks(r0, r1)
+    assert torch.equal(r0["ints"], r1["ints"])
+    reference = _one_process(worker.BatchNormClassifier())
+    _assert_same_run(reference, _as_run(r0))  # the vector holds the running mean and variance
+    assert reference.server.global_ints.tolist() == r0["ints"].tolist() and int(r0["ints"][0]) > 0
+
+
+def test_persistent_optimizer_states_live_with_their_clients(ddp):
+    r0, r1 = ddp("persist")
+    _same_on_both_ranks(r0, r1)
+    assert r0["placement"] == "by_client"
+    _assert_same_run(_one_process(TinyClassifier(momentum=0.5), optimizer_state="persist"), _as_run(r0))
+
+
+def test_rejected_updates_are_counted_once_over_processes(ddp):
+    r0, r1 = ddp("reject")
+    _same_on_both_ranks(r0, r1)
+    reference = _one_process(TinyClassifier(), max_update_norm=0.15, update_norm_action="reject")
+    # rounds mix received and rejected clients, spread over both processes
+    assert reference.rejected_total > 0 and all(len(h["received"]) for h in reference.history)
+    assert r0["rejected_total"] == r1["rejected_total"] == reference.rejected_total
+    _assert_same_run(reference, _as_run(r0))
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "kind, message",
@@ -247,6 +286,13 @@ def test_constructor_checks():
 
     with pytest.raises(TypeError, match=r"Unmergeable does not declare .*round_shares\(\)"):
         FedHetDDPStrategy(algorithm=Unmergeable())
+
+
+@pytest.mark.parametrize("name", ["fedhet_ddp", "fedhet_ddp_spawn"])
+def test_registered_names(name: str):
+    trainer = quiet_trainer(strategy=name, devices=2)  # nothing is launched before fit
+    assert isinstance(trainer.strategy, FedHetDDPStrategy) and trainer.strategy.num_processes == 2
+    assert isinstance(trainer.strategy.algorithm, FedAvg)
 
 
 # ---------------------------------------------------------------------------------------------- pieces, by hand

@@ -51,7 +51,7 @@ class Engine:
         self.optimizers: list[torch.optim.Optimizer] = []
         self.server: Server | None = None
         self.flat: FlatModel | None = None
-        self.to_device: BatchToDevice = lambda batch: batch
+        self.to_device: BatchToDevice = _unchanged  # a module-level function: spawn-launched strategies pickle it
         self.step = 0
         #: the part of the open round's plan this engine executes (the whole plan in one process)
         self.plan: RoundPlan | None = None
@@ -167,6 +167,10 @@ class Engine:
                 out = self.module.training_step(batch, 0)
                 losses[client] = float(out["loss"] if isinstance(out, dict) else out)
         return losses
+
+
+def _unchanged(batch: Any) -> Any:
+    return batch
 
 
 class _NoLog:
