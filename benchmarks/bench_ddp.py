@@ -58,10 +58,12 @@ def child(args: argparse.Namespace) -> None:
         engine=args.engine,
     )
     marks: list[float] = []
+    cpu_marks: list[float] = []
 
     class Clock(Callback):
         def on_train_epoch_end(self, trainer, pl_module) -> None:
             marks.append(time.perf_counter())
+            cpu_marks.append(time.process_time())  # this process's CPU seconds (all its threads)
 
     if args.procs == 1:
         strategy, devices = FedHetStrategy(**settings), 1
@@ -81,12 +83,17 @@ def child(args: argparse.Namespace) -> None:
         callbacks=[Clock()],
     )
     trainer.fit(model, datamodule=data)
+    cpu = (cpu_marks[-1] - cpu_marks[0]) / (len(cpu_marks) - 1)
     out = {
         "s_per_round": (marks[-1] - marks[0]) / (len(marks) - 1),
+        "cpu_s_per_round": [cpu],
         "threads": torch.get_num_threads(),
         "d": int(strategy.global_params.numel()),
     }
     if args.procs > 1:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, cpu)
+        out["cpu_s_per_round"] = every
         out["merge_s_per_round"] = strategy.comm.merge_seconds / max(strategy.comm.merges, 1)
         out["allreduce_s"] = {"model": _allreduce_time(out["d"]), "resnet18": _allreduce_time(RESNET18_PARAMS)}
         if dist.get_rank() != 0:
@@ -174,11 +181,28 @@ def main() -> None:
                 "d": two[0]["d"],
                 "allreduce_s": {key: min(r["allreduce_s"][key] for r in two) for key in ("model", "resnet18")},
                 "merge_s_per_round": [r.get("merge_s_per_round") for r in two],
+                # CPU seconds per round: the busiest process, and all processes together (medians over repeats)
+                "cpu_s_per_round": {
+                    f"{p}x{n}": {
+                        "max_process": statistics.median(max(r["cpu_s_per_round"]) for r in layout_runs),
+                        "all_processes": statistics.median(sum(r["cpu_s_per_round"]) for r in layout_runs),
+                    }
+                    for p, n in layouts
+                    for layout_runs in [runs[(task, engine, p, n)]]
+                },
             }
+            cpu = row["cpu_s_per_round"]
+            # what 2 dedicated cores would give if waiting cost nothing: the busiest process's CPU time per round
+            row["dedicated_core_estimate_vs_1x1"] = cpu["1x1"]["max_process"] / cpu["2x1"]["max_process"]
+            row["cpu_overhead_2x1_vs_1x1"] = cpu["2x1"]["all_processes"] / cpu["1x1"]["all_processes"]
             results["rows"].append(row)
             cells = "".join(f"{stats[k]['min']:>10.4f}/{stats[k]['median']:<9.4f}" for k in ("1x2", "2x1", "1x1"))
             ups = "".join(f"{row[k]['min']:>7.2f}/{row[k]['median']:<6.2f}" for k in SPEEDUPS)
             print(f"{task:<5}{engine:<12}{cells}{ups}")
+            print("      CPU s/round (busiest process): " + ", ".join(
+                f"{k} {v['max_process']:.4f}" for k, v in cpu.items()) +
+                f"; 2x1 CPU total / 1x1: {row['cpu_overhead_2x1_vs_1x1']:.2f}; "
+                f"dedicated-core estimate 2x1 vs 1x1: {row['dedicated_core_estimate_vs_1x1']:.2f}")
             print(f"      all-reduce (gloo, 2 processes): d={row['d']}: {row['allreduce_s']['model'] * 1e3:.3f} ms; "
                   f"ResNet-18 ({RESNET18_PARAMS} floats): {row['allreduce_s']['resnet18'] * 1e3:.1f} ms")
     if args.json:
