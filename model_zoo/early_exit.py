@@ -1,7 +1,7 @@
 """Early-exit networks (EENs): a backbone cut into blocks, with classifier heads ("exits") after some blocks.
 
-Used by Fed-CIS (thesis ch.5, ``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §2.6): a node holds the prefix of
-the network up to its largest exit ``E_i`` (:meth:`EarlyExitNet.truncate`) and trains one exit per round.
+Used by Fed-CIS (thesis ch. 5, ResNet-18 with early exits; the authors' code's ``ResNetEE``): a node holds the
+prefix of the network up to its largest exit ``E_i`` (:meth:`EarlyExitNet.truncate`) and trains one exit per round.
 
 Conventions used throughout:
 
@@ -12,8 +12,8 @@ Conventions used throughout:
   tensor; it may be a tuple (the first element is the feature map the head pools), which lets a residual block be
   split into two list entries that carry the shortcut input along (see :func:`early_exit_resnet18`).
 * FLOPs are counted as **multiply-accumulates (MACs) of Conv and Linear layers only**, for one sample (batch 1),
-  bias additions, normalisation, activations, pooling and residual additions excluded (the convention of the
-  spec's hand count in §2.5: full thesis-layout ResNet-18 on 32x32 = 1.763 GMAC).
+  bias additions, normalisation, activations, pooling and residual additions excluded (by this count the full
+  thesis-layout ResNet-18 on 32x32 is 1.763 GMAC).
 """
 
 from __future__ import annotations
@@ -25,36 +25,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ._timm_backbone import timm_exit_parts
+from .exit_head import ExitHead
 from .registry import register
 
 __all__ = ["EarlyExitNet", "ExitHead", "early_exit_resnet18", "RESNET18_NUM_BLOCKS"]
 
 RESNET18_NUM_BLOCKS = 17
-
-
-class ExitHead(nn.Module):
-    """Exit classifier: global average pool over the spatial/token dims, then ``Linear(in_features, num_classes)``.
-
-    Input: a block output; ``[B, C, *spatial]`` for ``fmt="NCHW"`` (any number of trailing spatial dims, e.g.
-    ``[B, C, H, W]``), ``[B, *spatial, C]`` for ``fmt="NHWC"``, or ``[B, C]`` (no pooling). A tuple/list input is
-    reduced to its element ``index`` first (0 for split residual blocks and for timm taps that return tuples).
-    Output: logits ``[B, num_classes]``.
-    """
-
-    def __init__(self, in_features: int, num_classes: int, fmt: str = "NCHW", index: int = 0) -> None:
-        super().__init__()
-        if fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"fmt must be 'NCHW' or 'NHWC', got {fmt!r}")
-        self.fmt = fmt
-        self.index = index
-        self.fc = nn.Linear(in_features, num_classes)
-
-    def forward(self, x: Tensor | Sequence[Tensor]) -> Tensor:
-        if isinstance(x, (tuple, list)):
-            x = x[self.index]
-        if x.dim() > 2:
-            x = x.flatten(2).mean(-1) if self.fmt == "NCHW" else x.flatten(1, -2).mean(1)
-        return self.fc(x)
 
 
 class EarlyExitNet(nn.Module):
@@ -220,12 +197,30 @@ class EarlyExitNet(nn.Module):
         in_chans: int = 3,
         **timm_kwargs,
     ) -> EarlyExitNet:
-        """Exits on a timm backbone: see :func:`lightning_fedhet.model_zoo.timm_exits.early_exit_timm`."""
-        from .timm_exits import early_exit_timm
+        """Exits on a timm backbone, one per requested feature stage (see :mod:`lightning_fedhet.model_zoo.timm_exits`
+        for how the backbone is cut into blocks).
 
-        return early_exit_timm(
+        Args:
+            name: a timm model name (``timm.list_models()``), e.g. ``"resnet18"``, ``"test_resnet"``.
+            exits: timm feature-stage indices (``out_indices``: 0 = first tap, usually the stem at stride 2),
+                strictly increasing and ``>= 0``; ``None`` = timm's default taps for ``features_only``. The deepest
+                listed stage is the final exit (there is no extra full-network exit: list the last stage to get one).
+            num_classes: classes of every exit head.
+            pretrained: load timm's pretrained weights (needs network access or a local cache).
+            in_chans: input channels.
+            **timm_kwargs: passed to ``timm.create_model`` (e.g. ``drop_rate``).
+
+        Returns:
+            ``EarlyExitNet``; input ``[B, in_chans, H, W]``, output ``len(exits)`` tensors ``[B, num_classes]``; its
+            ``timm_name`` and ``timm_out_indices`` record the backbone and the stages.
+        """
+        parts = timm_exit_parts(
             name, exits=exits, num_classes=num_classes, pretrained=pretrained, in_chans=in_chans, **timm_kwargs
         )
+        net = cls(parts.blocks, parts.exit_blocks, parts.heads)
+        net.timm_name = name
+        net.timm_out_indices = parts.out_indices
+        return net
 
     def extra_repr(self) -> str:
         return f"num_exits={self.num_exits}, exit_blocks={self.exit_blocks}"
@@ -299,7 +294,7 @@ def early_exit_resnet18(
     stride_layout: str = "thesis",
     norm: str = "batch",
 ) -> EarlyExitNet:
-    """ResNet-18 with early exits in the Fed-CIS layout (spec §2.6; released code ``ResNetEE``).
+    """ResNet-18 with early exits in the Fed-CIS layout (thesis ch. 5; released code ``ResNetEE``).
 
     The backbone is a flat list of **17 blocks**:
 
@@ -321,8 +316,8 @@ def early_exit_resnet18(
         base_width: width ``w`` of the stem and stage 1 (64 = ResNet-18).
         stride_layout: ``"thesis"`` = stage strides (1, 1, 2, 2) as in the released code (stage 2 keeps the input
             resolution; 1.763 GMAC on 32x32) or ``"standard"`` = (1, 2, 2, 2) (CIFAR ResNet-18, 0.555 GMAC).
-        norm: ``"batch"`` (BatchNorm2d, as in the thesis) or ``"group"`` (GroupNorm with 2 groups, as in the FedAST
-            spec's ResNet-18; no running statistics to aggregate).
+        norm: ``"batch"`` (BatchNorm2d, as in the thesis) or ``"group"`` (GroupNorm with 2 groups, as in
+            FedAST's ResNet-18; no running statistics to aggregate).
 
     Returns:
         an :class:`EarlyExitNet` with ``len(exits) + 1`` exits; input ``[B, in_channels, H, W]`` (H, W >= 1, e.g.

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from helpers import quiet_trainer
 from lightning_fedhet.callbacks import CISAccuracy, cis_accuracy, cis_evaluate, exit_confidence
 from lightning_fedhet.model_zoo import early_exit_resnet18
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fedhet.cis import PARTITIONS, SERVING_SETTINGS, CISTopology
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
+from tests.helpers import quiet_trainer
 
 torch.set_num_threads(1)
 

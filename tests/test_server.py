@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import TensorDataset
 
@@ -117,3 +118,31 @@ def test_step_checkpoints_are_refused_naming_the_setting(tmp_path):
     with pytest.raises(RuntimeError, match="every_n_train_steps"):
         trainer.fit(TinyClassifier(), datamodule=data)
     assert not list(tmp_path.glob("*.ckpt"))  # nothing written that could not be resumed
+
+
+def test_cafed_probe_losses_are_each_available_clients_loss_at_the_global_model():
+    from lightning_fedhet.algorithms import CAFed
+    from lightning_fedhet.participation import Markov
+
+    seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    class Recording(CAFed):
+        def observe_losses(self, round, losses):
+            seen.append((round, losses.clone(), self.params.clone()))
+            super().observe_losses(round, losses)
+
+    ds = toy_dataset(48)
+    data = FederatedDataModule(ds, [np.arange(i * 8, (i + 1) * 8) for i in range(6)], batch_size=4)
+    strategy = FedHetStrategy(algorithm=Recording(tau=0.0, loss_source="probe"), participation=Markov(p=0.5, lam=0.6))
+    quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0).fit(TinyClassifier(), datamodule=data)
+    assert [r for r, _, _ in seen] == [0, 1, 2]
+    streams = strategy.server.streams
+    x, y = ds.tensors
+    for (round, losses, params), record in zip(seen, strategy.history):
+        available = set(record["available"].tolist())
+        assert {i for i in range(6) if not torch.isnan(losses[i])} == available
+        weight, bias = torch.split(params, [15, 3])
+        for client in available:
+            idx = torch.from_numpy(streams.probe_indices(round, client))
+            expected = F.cross_entropy(x[idx] @ weight.view(3, 5).T + bias, y[idx])
+            assert float(losses[client]) == pytest.approx(float(expected), abs=1e-5)

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fedhet import IID, Dirichlet, FedAvg, FederatedDataModule, FedHetStrategy, Full, UniformSample
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 
 def _fit(strategy, dm, rounds, model=None, **trainer_kwargs):

@@ -1,25 +1,28 @@
 """CA-Fed vs Unbiased, AdaFed, F3AST and "More available" under correlated Markov availability.
 
-Reproduces (at reduced scale) Fig. 2.1a of Rodio's thesis, ch. 2 (spec ``shared/specs/thesis_ch1_ch2_cafed.md``
-§3-4): N = 100 clients on Synthetic LEAF(gamma = delta = 0.5), multinomial logistic regression with a ridge
-penalty 1e-2 (``weight_decay``), availability from independent two-state Markov chains with the thesis's classes
-(``CAFedClasses(g=0.4, nu=0.9, eps=1e-2)``: pi in {0.9, 0.1}, lambda in {0.9, ~N(0, 1e-4)}, 4 x 25 clients).
+Reproduces (at reduced scale) Fig. 2.1a of Rodio's thesis, ch. 2 (§2.5.1 and App. G): N = 100 clients on Synthetic
+LEAF(gamma = delta = 0.5), multinomial logistic regression with a ridge penalty 1e-2 (``weight_decay``), availability
+from independent two-state Markov chains with the thesis's classes (``CAFedClasses(g=0.4, nu=0.9, eps=1e-2)``:
+pi in {0.9, 0.1}, lambda in {0.9, ~N(0, 1e-4)}, 4 x 25 clients).
 
 Methods (all: plain local SGD, batch 32, ``--local-steps`` steps, then ``w + eta_s * sum_i q_i delta_i``):
 
-- ``CA-Fed``: ``CAFed(kappa_bar_sq=1, tau=0)`` with the oracle ``pi`` and ``lambda`` (thesis default, spec §3.4.5);
+- ``CA-Fed``: ``CAFed(kappa_bar_sq=1, tau=0)`` with the oracle ``pi`` and ``lambda`` (the thesis' default);
 - ``Unbiased``: every available client, ``q_i = alpha_i / pi_i`` (``FedAvg(weighting="known_p")``);
 - ``More available``: only the clients of the more-available class (``pi = 0.9``, oracle class membership),
-  ``q_i = alpha_i / pi_i`` (spec §3.4.2; the thesis does not fix these weights, alpha/pi is the spec's choice);
+  ``q_i = alpha_i / pi_i`` (the thesis does not fix these weights; alpha/pi is our choice);
 - ``AdaFed``: every available client, ``alpha_i/pi_i`` normalised over the round's set;
 - ``F3AST``: top-``k`` available clients by ``alpha_i^2 / r_i^2``, ``k`` = CA-Fed's mean number of included
-  clients in the same seed (thesis: 45), EMA rate ``1/T``.
+  clients in the same seed (thesis: 45), smoothness ``beta = 1/T``. The rate is the authors' code's by default
+  (``--f3ast-rate code``: ``r_i = (1 - beta) pi_i + beta 1[i active]`` from the oracle ``pi`` every round);
+  ``exact`` is the thesis' ``r = pi`` and ``ema`` the library's estimator without oracle.
 
 ``alpha_i = |D_i| / |D|`` and accuracy is measured on the pooled per-client test splits (= the alpha-weighted mean
 of the clients' local test accuracies). Learning rates (local / server) are the thesis's Table A.2 values for
 Synthetic LEAF unless ``--lr-table`` says otherwise.
 
-    python examples/reproduce/cafed_availability.py --seeds 0 1 --rounds 200 --out docs/results/cafed
+    python examples/reproduce/cafed_availability.py --seeds 0 1 2 --rounds 200 --out docs/results/cafed \
+        --method-lr-scale CA-Fed=0.01 Unbiased=0.01 "More available=0.03" AdaFed=0.03 F3AST=0.01
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ def availability(args, seed: int) -> tuple[CAFedClasses, np.ndarray, np.ndarray,
     return recipe, recipe.classes(args.num_clients, seed), probe.p.numpy(), probe.lam.numpy()
 
 
-def build_algorithm(name: str, server_lr: float, pi, lam, classes, f3ast_k: int, rounds: int):
+def build_algorithm(name: str, server_lr: float, pi, lam, classes, f3ast_k: int, rounds: int,
+                    f3ast_rate: str = "code"):
     if name == "CA-Fed":
         return CAFed(kappa_bar_sq=1.0, tau=0.0, pi=pi, lam=lam, server_lr=server_lr)
     if name == "Unbiased":
@@ -94,7 +98,8 @@ def build_algorithm(name: str, server_lr: float, pi, lam, classes, f3ast_k: int,
     if name == "AdaFed":
         return AdaFed(pi_source="known", server_lr=server_lr)
     if name == "F3AST":
-        return F3AST(k=f3ast_k, beta=1.0 / rounds, server_lr=server_lr)
+        oracle = {} if f3ast_rate == "ema" else {"pi": pi}
+        return F3AST(k=f3ast_k, beta=1.0 / rounds, rate=f3ast_rate, server_lr=server_lr, **oracle)
     raise ValueError(name)
 
 
@@ -107,7 +112,7 @@ def run_one(args, name: str, seed: int, f3ast_k: int) -> dict:
     local_lr *= args.method_scales.get(name, args.local_lr_scale)
     model = Classifier("logistic_regression", num_classes=10, lr=local_lr, weight_decay=args.ridge,
                        model_kwargs={"in_features": 60})
-    algo = build_algorithm(name, server_lr, pi, lam, classes, f3ast_k, args.rounds)
+    algo = build_algorithm(name, server_lr, pi, lam, classes, f3ast_k, args.rounds, args.f3ast_rate)
     strategy = FedHetStrategy(algorithm=algo, participation=Markov(p=recipe), local_steps=args.local_steps,
                               engine=args.engine, client_weights="samples", seed=seed)
     out = fit_federated(model, data, strategy, args.rounds, args.eval_every)
@@ -141,6 +146,8 @@ def parse_args(argv=None):
     p.add_argument("--local-lr-scale", type=float, default=1.0, help="multiplies every Table A.2 local lr")
     p.add_argument("--method-lr-scale", nargs="*", default=[], metavar="METHOD=SCALE",
                    help="per-method override of --local-lr-scale, e.g. 'CA-Fed=0.03' 'More available=0.01'")
+    p.add_argument("--f3ast-rate", choices=["code", "exact", "ema"], default="code",
+                   help="F3AST's activity rate: the authors' code (default), the thesis' exact pi, or an EMA")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--final-window", type=float, default=0.1, help="final acc = mean over the last fraction")
     p.add_argument("--engine", choices=["vmap", "sequential"], default="vmap")
@@ -213,6 +220,7 @@ def main(argv=None) -> dict:
     setting = (f"Synthetic LEAF(gamma={args.gamma}, delta={args.delta}), N={args.num_clients}, T={args.rounds}, "
                f"K={args.local_steps} local steps, batch {args.batch_size}, ridge {args.ridge}, "
                f"CAFedClasses(g={args.g}, nu={args.nu}, eps={args.eps}), seeds {args.seeds}, engine={args.engine}, "
+               f"F3AST rate {args.f3ast_rate!r}, "
                f"local-lr scale {args.local_lr_scale}, per-method scales {args.method_scales or 'none'}")
     md = f"# CA-Fed availability experiment ({args.tag})\n\nSetting: {setting}\n\n{table}"
     md += f"\nTotal wall-clock: {time.perf_counter() - t0:.0f} s\n"

@@ -83,7 +83,7 @@ class DynamicUplink:
     """Uplink failure probabilities redrawn every round: ``q_m^(r) ~ U(low_m, high_m)`` (FedACS dynamic setting).
 
     Duck-types :class:`~lightning_fedhet.system.LossyChannel` (``setup``, ``downlink``, ``uplink``,
-    ``success_probs``). Round ``r``'s ``q`` and the loss draws are pure functions of ``(seed, r)``.
+    ``success_probs_at``). Round ``r``'s ``q`` and the loss draws are pure functions of ``(seed, r)``.
     ``success_probs`` is read by the strategy *before* the round's up/downlink calls, so the round is announced by
     :class:`DynamicSteps` (whose ``sample(round, ...)`` the strategy calls first in every round plan).
     """
@@ -123,6 +123,10 @@ class DynamicUplink:
     @property
     def success_probs(self) -> torch.Tensor:
         return torch.as_tensor(1.0 - self.q(self.round), dtype=torch.float64)
+
+    def success_probs_at(self, round: int) -> torch.Tensor:
+        """``1 - q_m^(round)``: what the server's system oracle sees in round ``round`` (LossyChannel's protocol)."""
+        return torch.as_tensor(1.0 - self.q(round), dtype=torch.float64)
 
     def expected_success(self) -> np.ndarray:
         return 1.0 - (self.low + self.high) / 2.0

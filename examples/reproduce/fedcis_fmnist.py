@@ -5,7 +5,7 @@ with :class:`~lightning_fedhet.algorithms.fedcis.FedCIS`, :class:`~lightning_fed
 :class:`~lightning_fedhet.EarlyExitClassifier`, on Fashion-MNIST instead of CIFAR10, scaled to a 2-core CPU:
 
 ================== =================================================== ==============================================
-                   thesis (App. F, spec §2.8)                          here (defaults)
+                   thesis (App. F and the released code)               here (defaults)
 ================== =================================================== ==============================================
 data               CIFAR10, 45k train / 10k test                       Fashion-MNIST (28x28 grey), 59k train, 1k
                                                                        held-out val (curves), 10k test (final)

@@ -1,20 +1,14 @@
-"""Server rules (DESIGN.md §2.3): framework-free functions of flat parameter vectors."""
+"""Server rules: framework-free functions of flat parameter vectors (one public rule per module)."""
 
+from lightning_fedhet.algorithms.adafed import AdaFed
+from lightning_fedhet.algorithms.availability_estimators import MarkovAvailabilityEstimator
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
-from lightning_fedhet.algorithms.cafed import (
-    F3AST,
-    AdaFed,
-    CAFed,
-    MarkovAvailabilityEstimator,
-    compute_weights,
-    proxy_error,
-)
+from lightning_fedhet.algorithms.cafed import CAFed, compute_weights, proxy_error
+from lightning_fedhet.algorithms.cafedavg import CAFedAvg
 from lightning_fedhet.algorithms.calibration import LRScaling, effective_step, lr_scalings
+from lightning_fedhet.algorithms.f3ast import F3AST
 from lightning_fedhet.algorithms.fedacs import (
-    OS,
-    CAFedAvg,
     FedACS,
-    SampledFedAvg,
     SystemEstimator,
     chi_square,
     fedacs_probabilities,
@@ -27,6 +21,8 @@ from lightning_fedhet.algorithms.fednova import FedNova
 from lightning_fedhet.algorithms.fedstale import FedStale, StaleMemory
 from lightning_fedhet.algorithms.fedvarp import FedVARP
 from lightning_fedhet.algorithms.mifa import MIFA
+from lightning_fedhet.algorithms.os_sampling import OS
+from lightning_fedhet.algorithms.sampled_fedavg import SampledFedAvg
 from lightning_fedhet.algorithms.upgapl import DMAPL, UDMAPL, UPGAPL
 
 __all__ = [

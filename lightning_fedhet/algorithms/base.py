@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_vector
+
 
 @dataclass
 class RoundContext:
@@ -337,6 +339,13 @@ class Algorithm:
         self._check_client(client, delta)
         if client in seen:
             raise ValueError(f"client {client} already added in this round")
+
+    def _context_probs(self, values, name: str, needed_by: str) -> Tensor:
+        """``RoundContext.<name>`` for a rule that divides by it: float64 CPU ``[N]`` with entries in ``(0, 1]``
+        (a scalar is broadcast). ``needed_by`` names the rule's setting in the error when the value is unknown."""
+        if values is None:
+            raise ValueError(f"{needed_by} needs RoundContext.{name}")
+        return check_vector(values, f"RoundContext.{name}", 0.0, 1.0, low_open=True, num_clients=self.num_clients)
 
     def _check_client(self, client: int, delta: Tensor) -> None:
         if not 0 <= client < self.num_clients:

@@ -1,28 +1,32 @@
-"""Step-length calibration of the FedACS paper (App. I.2; spec ``shared/specs/fedacs.md`` §3.7).
+"""Step-length calibration of the FedACS paper (App. I.2).
 
 Methods that sample and aggregate differently take steps of different *effective* length. In expectation a
-round of each rule moves the model by ``-eta * E_step * sum_m Omega_m grad F_m`` (spec §1.6, §2.2), with the
-per-method effective step ``E_step = eta_eff * T_eff / eta``:
+round of each rule moves the model by ``-eta * E_step * sum_m Omega_m grad F_m`` (the paper's eq. (16) and its
+analogues for the baselines), with the per-method effective step ``E_step = eta_eff * T_eff / eta``:
 
-=============================== ============================================ =========================================
-method                          ``eta_eff * T_eff / eta``                      rule
-=============================== ============================================ =========================================
-``fedavg`` (IS, ``p = omega``)  ``sum_m omega_m s_m a_m``                      ``(1/K) sum_{received} delta_m``
-``fedacs``                      ``1 / sum_m omega_m / (s_m a_m)``              FedACS sampling, ``(1/K) sum delta_m``
-``cafedavg``                    ``sum_m omega_m a_m``                          ``(1/K) sum delta_m / s_m``
-``fedvarp``                     as ``cafedavg`` (paper: ``eta_4 = eta_3``)
-``fednova``                     ``sum_m omega_m s_m a_m``                      normalised, rescaled by ``tau_eff``
-``fedau``, ``os``               not calibrated (paper: ``eta = eta_1``)
-=============================== ============================================ =========================================
+- ``fedavg`` (IS, ``p = omega``; rule ``(1/K) sum_{received} delta_m``): ``sum_m omega_m s_m a_m``;
+- ``fedacs`` (FedACS sampling, ``(1/K) sum_{received} delta_m``): ``1 / sum_m omega_m / (s_m a_m)``;
+- ``cafedavg`` (``(1/K) sum_{received} delta_m / s_m``): ``sum_m omega_m a_m``; ``fedvarp``: the same (paper:
+  ``eta_4 = eta_3``);
+- ``fednova`` (eq. (116a), ``tau_eff (1/K) sum_{received} delta_m / a_m``): ``sum_m omega_m s_m a_m``;
+- ``fednova_arrived`` (``tau_eff sum_{received} q_m delta_m / a_m`` with ``q`` normalised over the arrived clients):
+  ``sum_m omega_m s_m a_m / sum_m omega_m s_m``;
+- ``fedau``, ``os``: not calibrated (paper: ``eta = eta_1``);
 
-where ``omega`` are the target weights, ``s_m = 1 - q_m`` the probability that client ``m``'s update arrives and
+where ``omega`` are the target weights, ``s_m = 1 - q_m`` the probability that client ``m``'s update arrives,
 ``a_m = ||a_m||_1`` its local-solver accumulation norm (``T_m`` for plain SGD, see
-:func:`~lightning_fedhet.algorithms.fednova.accumulation_norm`). The paper anchors every method to FedAvg's
-``eta_1`` so all share FedAvg's effective step; the resulting multipliers (:func:`lr_scalings`) are
+:func:`~lightning_fedhet.algorithms.fednova.accumulation_norm`) and ``tau_eff = sum omega s a / sum omega s`` (the mean
+``||a||_1`` of the received clients). ``fednova`` is the FedACS paper's FedNova, which divides by the ``K`` draws:
+``FedNova(divisor="selected")``. The library's default ``FedNova()`` (``divisor="arrived"``, FedNova's reference code)
+renormalises over the clients that arrived, so a lost upload does not shorten its step: its effective step is
+``tau_eff`` itself, ``sum omega s a / sum omega s`` (to first order, for ``K`` draws from ``p = omega``), i.e.
+``fednova_arrived``. The paper anchors every method to FedAvg's ``eta_1`` so all share FedAvg's effective step; the
+resulting multipliers (:func:`lr_scalings`) are
 
 - FedACS: ``[sum omega s a] * [sum omega / (s a)]`` (``>= 1`` by Cauchy-Schwarz),
 - c-a-FedAvg and FedVarp: ``sum omega s a / sum omega a`` (``<= 1``),
-- FedAvg, FedNova, FedAU, OS: ``1``.
+- FedNova with the paper's divisor ``K``, FedAvg, FedAU, OS: ``1``,
+- FedNova over the arrived clients: ``sum omega s`` (``<= 1``; 1 on lossless links).
 
 **Client or server learning rate.** In the paper ``eta`` is the one learning rate of Algorithm 1 (the local step
 *and* the scale of the update ``-eta Delta``), so the multiplier applies to it (``target="client"``). With a
@@ -30,9 +34,9 @@ separate server step the same calibration to first order in ``eta`` is obtained 
 rate instead (``target="server"``), which keeps every client's local trajectory identical across methods; this is
 what ``FedACS(calibrate=True)`` / ``CAFedAvg(calibrate=True)`` do every round.
 
-**Per-round or expected** (spec §3.7, §6.2.4). Pass this round's ``s`` and ``a`` to calibrate every round (the
-"per_round" knob, used by the rules' ``calibrate=True``) or their expectations under the heterogeneity generator
-(e.g. :meth:`~lightning_fedhet.system.steps.UniformSteps.expected`) for one fixed calibration ("expected").
+**Per-round or expected.** The paper drops the round index "for ease of writing". Pass this round's ``s`` and ``a``
+to calibrate every round (used by the rules' ``calibrate=True``) or their expectations under the heterogeneity
+generator (e.g. :meth:`~lightning_fedhet.system.steps.UniformSteps.expected`) for one fixed calibration.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_choice, check_vector, check_weights
 
-METHODS = ("fedavg", "fedacs", "cafedavg", "fedvarp", "fednova", "fedau", "os")
+METHODS = ("fedavg", "fedacs", "cafedavg", "fedvarp", "fednova", "fednova_arrived", "fedau", "os")
 TARGETS = ("client", "server")
 
 
@@ -79,6 +83,8 @@ def effective_step(method: str, omega, success_probs, norms) -> float:
         return float(1.0 / (omega / (s * a)).sum())
     if method in ("cafedavg", "fedvarp"):
         return float((omega * a).sum())
+    if method == "fednova_arrived":  # tau_eff: renormalised over the arrived clients
+        return float((omega * s * a).sum() / (omega * s).sum())
     return float((omega * s * a).sum())
 
 

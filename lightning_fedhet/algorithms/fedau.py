@@ -1,5 +1,5 @@
 """FedAU (Wang & Ji, "A Lightweight Method for Tackling Unknown Participation Statistics in Federated
-Averaging"; spec ``shared/specs/fedau.md`` §2-3).
+Averaging", Algorithms 1-2).
 
 The server update is Algorithm 1, line 13 of the paper, with the weights of Algorithm 2::
 
@@ -7,12 +7,12 @@ The server update is Algorithm 1, line 13 of the paper, with the weights of Algo
 
 ``alpha_i`` are the client weights given to :meth:`setup`; with the default uniform ``alpha_i = 1/N`` this is the
 paper's ``(eta/N) sum_n omega_t^n delta_t^n``: the aggregate is divided by ``N`` (all clients), **not** by
-``sum omega`` nor by the number of participants (spec §6.2.1). Non-uniform ``alpha`` is the weighted objective
+``sum omega`` nor by the number of participants. Non-uniform ``alpha`` is the weighted objective
 of the paper's App. A.1.
 
 ``omega_t^i`` is the online mean of client ``i``'s participation intervals, each cut off at ``K`` rounds
-(Algorithm 2). It uses only the participation of rounds ``< t`` (spec §6.2.2), starts at 1 and stays 1 until
-the first interval closes. Per client the state is three scalars ``(M_i, S_i^<>, omega_i)`` (spec §2.2), kept in
+(Algorithm 2). It uses only the participation of rounds ``< t`` (Algorithm 1, line 12), starts at 1 and stays 1
+until the first interval closes. Per client the state is three scalars ``(M_i, S_i^<>, omega_i)``, kept in
 vectors of length ``N`` and updated for every client at every round (one vectorised step of Algorithm 2,
 lines 4-11, in :meth:`close_round`), so no client is ever touched individually.
 
@@ -29,7 +29,8 @@ The round context is therefore not needed (``open_round`` accepts ``ctx=None``).
 fedstale.FedStale` and :class:`~lightning_fedhet.algorithms.fedvarp.FedVARP` can use in place of the true
 ``p_i`` (``p_source="fedau"``), as in the FedStale paper §5.3.
 
-An empty round (nobody arrives) leaves ``w`` unchanged (spec §6.2.8) but still advances every client's interval.
+An empty round (nobody arrives) leaves ``w`` unchanged (as in the paper's code) but still advances every client's
+interval.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al. 2017; thesis Algorithm 1, eq. 1.2-1.3) with the weightings used in the papers.
+"""FedAvg (McMahan et al. 2017) with the weightings used in the papers, all in delta space.
 
 The server update is ``w_{t+1} = w_t + server_lr * sum_{i in R_t} q_i * delta_i`` where ``R_t`` is the
 set of clients whose update arrived and ``delta_i = w_i^{(t,K)} - w_t``. The weights ``q_i``:
@@ -7,21 +7,29 @@ set of clients whose update arrived and ``delta_i = w_i^{(t,K)} - w_t``. The wei
 weighting      q_i                                            source
 ============== ============================================== ==========================================
 participating  ``alpha_i / sum_{j in R_t} alpha_j``           "average participating" (FedAU paper)
-all            ``alpha_i`` (``1/N`` for uniform alpha)        "average all"; thesis Alg. 1 line 8 with
-                                                              ``alpha_i = |D_i|/|D|``
+all            ``alpha_i`` (``1/N`` for uniform alpha)        "average all" (FedAU paper): absent clients
+                                                              count as a zero update
 samples        ``n_i / sum_{j in R_t} n_j``                   McMahan et al. 2017, per-sample fairness
-known_p        ``alpha_i / p_i``                              "unbiased FedAvg" (thesis eq. 2.4, FedAU,
-                                                              FedStale papers), ``p_i`` = true
-                                                              participation probability
+known_p        ``alpha_i / p_i``                              unbiased FedAvg: FedStale paper Eq. 5
+                                                              (thesis Eq. 3.5), the FedAU paper's "known
+                                                              statistics"; ``p_i`` = probability that
+                                                              the update is aggregated
 ============== ============================================== ==========================================
 
 ``alpha`` are the client weights given to :meth:`setup` (uniform ``1/N`` by default), ``n_i`` the
 client's sample count from :class:`ClientInfo`. A round in which nobody arrives leaves ``w`` unchanged.
+
+``"all"`` is not the thesis's Algorithm 1 (line 8, ``w_{t+1} = sum_{i in S_t} |D_i|/|D| w_i``): that averages
+*models* without renormalising, so under partial participation it shrinks ``w`` towards 0, while ``"all"`` adds
+``sum_{R_t} alpha_i delta_i`` to ``w_t`` (an absent client contributes "stay at ``w_t``"). The two agree only under
+full participation. ``"known_p"`` is unbiased because ``E[1{i in R_t}] / p_i = 1``: ``E[sum_{R_t} alpha_i
+delta_i / p_i] = sum_i alpha_i delta_i``, the full-participation step, whose fixed point is the objective
+``sum_i alpha_i F_i``. Plain averaging over ``R_t`` is biased towards clients that arrive often (it minimises the
+``p``-weighted objective, FedStale paper Eq. 4, thesis Eq. 2.4).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
@@ -60,21 +68,17 @@ class FedAvg(Algorithm):
         self.weighting = weighting
         self.server_lr = float(server_lr)
         self._sum: WeightedSum | None = None
+        self._probs: Tensor | None = None
 
     def hparams(self) -> dict:
         return {"weighting": self.weighting, "server_lr": self.server_lr}
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
+        self._probs = None
         if self.weighting == "known_p":
             probs = None if ctx is None else ctx.participation_probs
-            if probs is None:
-                raise ValueError("weighting='known_p' needs RoundContext.participation_probs (the true p_i)")
-            probs = torch.as_tensor(probs, dtype=torch.float64)
-            if probs.numel() != self.num_clients:
-                raise ValueError(f"participation_probs must have num_clients={self.num_clients} entries")
-            if not torch.isfinite(probs).all() or (probs <= 0).any() or (probs > 1).any():
-                raise ValueError("weighting='known_p' needs participation_probs in (0, 1] (> 0) for every client")
+            self._probs = self._context_probs(probs, "participation_probs", "weighting='known_p'")
         self._sum = WeightedSum(self.params)
 
     def _raw_weight(self, client: int, info: ClientInfo) -> float:
@@ -82,7 +86,7 @@ class FedAvg(Algorithm):
             return float(info.num_samples)
         alpha = float(self.client_weights[client])
         if self.weighting == "known_p":
-            return alpha / float(self.ctx.participation_probs[client])
+            return alpha / float(self._probs[client])
         return alpha
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:

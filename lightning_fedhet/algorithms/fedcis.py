@@ -1,5 +1,5 @@
 """Fed-CIS: federated training of an early-exit network for a cooperative inference system (thesis ch. 5,
-Kaplan, Rodio et al. 2024; spec ``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §2.1-2.5, §2.11, §5).
+Kaplan, Rodio et al. 2024; Algorithm 6, App. D and the released code).
 
 The nodes of a :class:`~lightning_fedhet.cis.CISTopology` are the clients (client ``i`` = node ``i``). Node ``i``
 holds exits ``1..E_i``; each round every selected node trains **one** exit ``e``, drawn with probability
@@ -20,9 +20,9 @@ only this round's). ``Lt`` (``lambda_tilde``):
 tensor ``[E]``     given values, normalised to sum 1 unless ``normalize=False``
 ================ =================================================================== ===========================
 
-Every named strategy sums to 1 (DESIGN §4; the released code normalises every ``Lt``).
+Every named strategy sums to 1 (the released code normalises every ``Lt``).
 
-**Decisions on the thesis-vs-code discrepancies** (spec §2.11, §5):
+**Decisions on the thesis-vs-code discrepancies**:
 
 1. *Inverse vs direct probability.* Default ``prob_weighting="inverse"``: ``÷ p_{i,e}`` as in Algorithm 6 and
    (D.11), which makes the update unbiased for the surrogate objective. ``"direct"`` multiplies by ``p_{i,e}``
@@ -69,7 +69,7 @@ Every named strategy sums to 1 (DESIGN §4; the released code normalises every `
    available. The code hard-codes ``sum (|D_i|/|D_e|)^2`` to the equal 4-2-1 tree (``0.25, 0.5, 1``); here it is
    computed from the actual sizes over ``C_e``, which gives the same values on the 7-node tree for every preset
    partition when ``p = 0`` (shares are split evenly within a layer) and differs on the 17-node tree or with
-   ``p > 0``. Spec §2.4's example, 80-15-5 CIFAR10: ``Lt ≈ (0.486, 0.195, 0.319)``.
+   ``p > 0``. Example, 80-15-5 CIFAR10: ``Lt ≈ (0.486, 0.195, 0.319)``.
 8. *Partial participation and losses.* ``p`` is the exit distribution **given** that node ``i`` is selected
    (``select`` keeps every available node by default; the thesis runs use full participation). With
    ``correct_participation=True`` the weight is also divided by ``RoundContext.participation_probs[i]``, so the
@@ -97,6 +97,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_fedhet._checks import check_vector
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.cis import CISTopology
@@ -234,15 +235,10 @@ def _check_masks(masks, num_exits: int) -> Tensor:
 
 
 def _check_weights(name: str, values, length: int, positive: bool = False) -> Tensor:
-    try:
-        v = torch.as_tensor(values, dtype=torch.float64).flatten().clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{name} must be {length} non-negative numbers (one per exit), got {values!r}") from err
+    """One finite weight per exit, in ``[0, inf)`` (``(0, inf)`` when ``positive``), not all zero."""
+    v = check_vector(values, name, 0.0, math.inf, low_open=positive, high_open=True)
     if v.numel() != length:
         raise ValueError(f"{name} must have one entry per exit ({length}), got {v.numel()}")
-    if not torch.isfinite(v).all() or (v < 0).any() or (positive and (v <= 0).any()):
-        kind = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be finite and {kind}, got {v.tolist()}")
     if float(v.sum()) <= 0:
         raise ValueError(f"{name} must not be all zero, got {v.tolist()}")
     return v
@@ -544,17 +540,7 @@ class FedCIS(Algorithm):
         coef = weights[torch.arange(self.num_clients), self.exits - 1]
         if self.correct_participation:
             probs = None if ctx is None else ctx.participation_probs
-            if probs is None:
-                raise ValueError("correct_participation=True needs RoundContext.participation_probs (the true q_i)")
-            probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
-            if (
-                probs.numel() != self.num_clients
-                or not torch.isfinite(probs).all()
-                or (probs <= 0).any()
-                or (probs > 1).any()
-            ):
-                raise ValueError("correct_participation=True needs participation_probs in (0, 1] for every node")
-            coef = coef / probs
+            coef = coef / self._context_probs(probs, "participation_probs", "correct_participation=True")
         self._coef = coef
         self._sum = WeightedSum(self.params)
         self._root_delta = None

@@ -1,5 +1,4 @@
-"""FedStale (Rodio & Neglia 2024; thesis ch. 3; spec ``shared/specs/fedstale.md`` §2.3-2.5) and the stale-update
-memory shared with FedVARP and MIFA.
+"""FedStale (Rodio & Neglia 2024; thesis ch. 3) and the stale-update memory shared with FedVARP and MIFA.
 
 FedStale mixes fresh and stale client updates ([P] Eq. 9, thesis Eq. 3.9, [P] Algorithm 2)::
 
@@ -14,35 +13,36 @@ which gives the paper's ``1/N``). The fresh weights ``c_i``:
 weighting      c_i                                         source
 ============== =========================================== ==============================================
 known_p        ``alpha_i / p_i``  (``1/(N p_i)`` uniform)    FedStale paper Eq. 9 (unbiased, "U-FedVARP")
-participating  ``alpha_i / sum_{j in R_t} alpha_j``          FedAU paper's FedVarp (``1/|R_t|``), DESIGN §4
+participating  ``alpha_i / sum_{j in R_t} alpha_j``          FedAU paper's FedVarp code (``1/|R_t|``)
 ============== =========================================== ==============================================
 
 ``beta = 0`` is unbiased FedAvg (:class:`~lightning_fedhet.algorithms.fedavg.FedAvg` with ``weighting="known_p"``,
 identical arithmetic, and no memory is allocated); ``beta = 1`` is FedVARP (Eq. 7). ``p_i`` is the true
-participation probability from ``RoundContext.participation_probs`` (``p_source="known"``) or FedAU's online
-estimate ``1/omega_i`` from rounds ``< t`` (``p_source="fedau"`` or an
+participation probability from ``RoundContext.participation_probs`` (``p_source="known"``; the probability that the
+update is aggregated) or FedAU's online estimate ``1/omega_i`` from rounds ``< t`` (``p_source="fedau"`` or an
 :class:`~lightning_fedhet.algorithms.fedau.IntervalEstimator`; FedStale paper §5.3). The estimator counts a
-client as participating when its update was absorbed by :meth:`add`.
+client as participating when its update was absorbed by :meth:`add`. Its cut-off ``fedau_K`` defaults to 50, the
+FedAU paper's best value; the FedStale paper gives none and its code's default is ``1e8``, i.e. effectively no
+cut-off (``fedau_K=None`` here).
 
 **Empty rounds** (nobody arrives). Eq. 9 read literally gives a purely stale step ``beta * sum_j alpha_j h_j``;
-both reference codes (FedStale's and FedAU's FedVarp) skip the round instead (spec fedstale §6.2.7, fedau §6.2.8).
+both reference codes (FedStale's and FedAU's FedVarp) skip the round instead (a zero update).
 ``empty_round="skip"`` (default) leaves ``w`` unchanged; ``empty_round="stale"`` applies the stale term.
 
 **Memory.** :class:`StaleMemory` stores one update per client, ``N x d`` values at ``memory_dtype`` on
 ``memory_device`` (default fp32 on CPU): **N * d * bytes-per-element** (e.g. N=250, d=551,786, fp32: 552 MB;
 bfloat16 halves it), allocated at :meth:`setup` (none when ``beta == 0``) and reported by ``memory_bytes``. It also
 keeps the running total ``H = sum_j alpha_j h_j`` (fp64, on the parameters' device, ``8 d`` bytes) so a round costs
-``O(|R_t| d)`` rather than ``O(N d)`` (spec §2.5 "Efficient server implementation"). The stored update is
+``O(|R_t| d)`` rather than ``O(N d)`` (the FedStale paper's "efficient server implementation"). The stored update is
 ``delta_i`` itself (Algorithm 2), not ``delta_i / (eta_c K)`` (Algorithm 3); they agree for constant ``eta_c, K``.
 """
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares, ShardedRows
 from lightning_fedhet.algorithms.fedau import IntervalEstimator
@@ -167,26 +167,6 @@ class StaleMemory:
         self.weights = weights
 
 
-def _check_beta(beta) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0.0 <= float(beta) <= 1.0:
-        raise ValueError(f"beta must be a number in [0, 1], got {beta!r}")
-    return float(beta)
-
-
-def _check_probs(probs, num_clients: int, name: str) -> Tensor:
-    if probs is None:
-        raise ValueError(f"weighting='known_p' with p_source='known' needs RoundContext.{name} (the true p_i)")
-    p = torch.as_tensor(probs, dtype=torch.float64).flatten().cpu()
-    if p.numel() != num_clients:
-        raise ValueError(f"RoundContext.{name} must have num_clients={num_clients} entries, got {p.numel()}")
-    if not torch.isfinite(p).all() or (p <= 0).any() or (p > 1).any():
-        raise ValueError(
-            f"RoundContext.{name} must lie in (0, 1] for every client (1/p_i weights); "
-            f"got values in [{float(p.min())}, {float(p.max())}]"
-        )
-    return p
-
-
 class FedStale(Algorithm):
     """Convex mix of unbiased FedAvg (``beta=0``) and FedVARP (``beta=1``) through per-client stale updates.
 
@@ -197,7 +177,8 @@ class FedStale(Algorithm):
         p_source: where ``p_i`` comes from for ``"known_p"``: ``"known"`` (``RoundContext.participation_probs``),
             ``"fedau"`` (FedAU's Algorithm 2 with cut-off ``fedau_K``) or an :class:`IntervalEstimator` instance
             (owned by this algorithm from then on; do not share it).
-        fedau_K: cut-off of the ``"fedau"`` estimator (``None`` for none).
+        fedau_K: cut-off of the ``"fedau"`` estimator (``None`` for none). Default 50 (FedAU paper); the FedStale
+            code's default is ``1e8``, effectively ``None``.
         memory_dtype, memory_device: storage of the ``N x d`` memory (cost ``N * d * element_size`` bytes).
         server_lr: ``eta_s > 0``.
         empty_round: ``"skip"`` (default) or ``"stale"``; what to do when nobody arrives (module doc).
@@ -232,7 +213,7 @@ class FedStale(Algorithm):
         empty_round: str = "skip",
     ) -> None:
         super().__init__()
-        self.beta = _check_beta(beta)
+        self.beta = check_real(beta, "beta", 0.0, 1.0)
         if weighting not in STALE_WEIGHTINGS:
             raise ValueError(f"weighting must be one of {STALE_WEIGHTINGS}, got {weighting!r}")
         if not server_lr > 0:
@@ -311,7 +292,9 @@ class FedStale(Algorithm):
                 self._probs = self.estimator.estimates()
             else:
                 probs = None if ctx is None else ctx.participation_probs
-                self._probs = _check_probs(probs, self.num_clients, "participation_probs")
+                self._probs = self._context_probs(
+                    probs, "participation_probs", "weighting='known_p' with p_source='known'"
+                )
         self._fresh = WeightedSum(self.params)
         # beta * sum_j alpha_j h_j with the memory *before* this round's replacements.
         self._stale = (self.beta * self.memory.total) if self.uses_memory else None

@@ -1,5 +1,5 @@
 """FedVARP (Jhunjhunwala et al. 2022), in the unbiased form of the FedStale paper (Eq. 7; thesis Eq. 3.7) and the
-form of the FedAU paper's code (spec ``shared/specs/fedau.md`` §3, ``shared/specs/fedstale.md`` §2.3)::
+form of the FedAU paper's code (its ``fedvarp`` aggregation)::
 
     w_{t+1} = w_t + server_lr * [ sum_{j=1..N} alpha_j y_j  +  sum_{i in R_t} c_i (delta_i - y_i) ]
     y_i <- delta_i  for i in R_t    (after the update: the bracket uses the memory *before* replacement)
@@ -10,7 +10,7 @@ paper's "U-FedVARP"). Stale updates ``y_i`` (initially 0) stand in for absent cl
 ``N * d * element_size`` bytes (see :mod:`lightning_fedhet.algorithms.fedstale`).
 
 FedVARP is exactly ``FedStale(beta=1)``: it is implemented as that subclass, so
-``FedStale(beta=1, weighting=w)`` and ``FedVARP(weighting=w)`` perform identical arithmetic (DESIGN §4). An empty
+``FedStale(beta=1, weighting=w)`` and ``FedVARP(weighting=w)`` perform identical arithmetic. An empty
 round leaves ``w`` unchanged by default (FedAU code: zero update); ``empty_round="stale"`` applies
 ``sum_j alpha_j y_j`` instead (the literal Eq. 7).
 """

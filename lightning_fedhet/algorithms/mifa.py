@@ -1,5 +1,5 @@
-"""MIFA (Gu et al. 2021), as run by the FedAU paper's code (spec ``shared/specs/fedau.md`` §3 and §6.2.8;
-``shared/specs/fedstale.md`` §2.4)::
+"""MIFA (Gu et al. 2021), as run by the FedAU paper's code (its ``mifa`` aggregation; the FedStale paper §2 names it
+as the SAG-style, uniformly weighted alternative)::
 
     y_i <- delta_i  for i in R_t          (refresh the memory first)
     w_{t+1} = w_t + server_lr * sum_{j=1..N} alpha_j y_j

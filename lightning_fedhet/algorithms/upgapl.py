@@ -1,5 +1,4 @@
-"""Aggregation over lossy links (thesis ch. 4, Rodio et al. WPMC 2023; spec
-``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §1.2-1.7, §5.1).
+"""Aggregation over lossy links (thesis ch. 4, Rodio et al. WPMC 2023).
 
 Client ``i``'s round trip (downlink of ``w_t`` and uplink of its result) succeeds with probability ``1 - q_i``,
 independently across clients and rounds (Assumption 14); ``S_t`` is the set whose update arrived. With
@@ -24,7 +23,7 @@ What a lost packet means in each rule:
 - UDMA-PL: a lost client contributes a zero *model* (not ``w_t``), and the received models are scaled by
   ``1/(1-q_i)`` without renormalisation. Unbiased in expectation, but its variance scales with the model norm,
   ``sum alpha_i^2 q_i/(1-q_i) ||w_i||^2`` (Lemma A.1). With ``S_t`` empty Eq. 4.4 literally returns the **zero
-  model**; ``empty_round="zero"`` (default) does that and warns once, ``"keep"`` keeps ``w_t`` instead (spec §5.1).
+  model**; ``empty_round="zero"`` (default) does that and warns once, ``"keep"`` keeps ``w_t`` instead.
 
 UPGA-PL and DMA-PL keep ``w_t`` when nobody arrives.
 
@@ -132,15 +131,9 @@ class _LossyAggregator(Algorithm):
             return 1.0 - self._fixed_q
         if self.estimator is not None:
             return self.estimator.estimates()
+        # success probabilities 1 - q_i, in (0, 1]: the weights divide by them (loss probability q_i < 1)
         probs = None if ctx is None else ctx.success_probs
-        if probs is None:
-            raise ValueError(f"{type(self).__name__}(q='known') needs RoundContext.success_probs (1 - q_i)")
-        s = torch.as_tensor(probs, dtype=torch.float64).flatten().cpu()
-        if s.numel() != self.num_clients:
-            raise ValueError(f"RoundContext.success_probs must have num_clients={self.num_clients} entries")
-        if not torch.isfinite(s).all() or (s <= 0).any() or (s > 1).any():
-            raise ValueError("RoundContext.success_probs must lie in (0, 1] (loss probability q_i = 1 - s_i < 1)")
-        return s
+        return self._context_probs(probs, "success_probs", f"{type(self).__name__}(q='known')")
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)

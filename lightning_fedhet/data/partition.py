@@ -133,7 +133,7 @@ class Shards(Partitioner):
 class LabelSwap(Partitioner):
     """FedStale's concept-shift heterogeneity: a base split, then a fraction of two labels swapped per client.
 
-    Spec fedstale.md §4 and §6.2 item 1. Reading (b) of the released code is the default: every client
+    The FedStale paper's experiments. Reading (b) of the released code is the default: every client
     swaps one label pair, client ``i`` the pair ``pairs[i % len(pairs)]`` (MNIST: even clients (0, 1), odd
     clients (8, 9)); for each class ``a`` of the pair, ``int(n_a * fraction)`` of the client's samples of
     class ``a``, chosen at random, get the other label. Reading (a) (only the less-participating group swaps)

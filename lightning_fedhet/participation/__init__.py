@@ -1,4 +1,4 @@
-"""Availability processes: who shows up in each round (DESIGN.md §2.4)."""
+"""Availability processes: who shows up in each round."""
 
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.bernoulli import Bernoulli

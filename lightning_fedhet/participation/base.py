@@ -1,4 +1,4 @@
-"""The availability-process protocol (DESIGN.md §2.4, §4)."""
+"""The availability-process protocol: ``setup(num_clients, seed)``, ``sample(round)``, ``p``."""
 
 from __future__ import annotations
 

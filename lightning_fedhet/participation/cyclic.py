@@ -15,7 +15,7 @@ from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 class Cyclic(ProbabilityProcess):
     """Each client is on for ``active`` consecutive rounds, then off for ``inactive`` rounds, and repeats.
 
-    Block lengths follow FedAU's released code exactly (fedau.md §1.4)::
+    Block lengths follow FedAU's released code (``cyclic-100``) exactly::
 
         active   = max(1, round(period * p_i))      # Python/numpy round: halves go to the even integer
         inactive = max(1, period - active)
@@ -25,7 +25,8 @@ class Cyclic(ProbabilityProcess):
     ``active / (active + inactive)``, not the requested ``p_i`` (e.g. ``p = 1`` gives ``period / (period + 1)``,
     ``p = 0`` gives ``1 / period``).
 
-    Phase offsets (fedau.md §6.2 pitfall 6), one per client, drawn once from
+    Phase offsets (the paper says "random initial offset", the code offsets within the inactive phase), one per
+    client, drawn once from
     ``generator(seed, Stream.PARTICIPATION, STATIC_KEY, StaticKey.CYCLIC_OFFSET)``:
 
     - ``offset="uniform"`` (default): uniform over the whole cycle, so every round's availability is exactly

@@ -26,7 +26,7 @@ class Markov(ProbabilityProcess):
     - ``Markov(p_on=..., p_off=...)``: ``p_on = P(off->on)``, ``p_off = P(on->off)``, each in ``[0, 1]`` with
       ``0 < p_on + p_off < 2`` (else the chain is frozen or periodic); ``p = p_on / (p_on + p_off)``,
       ``lam = 1 - p_on - p_off``.
-    - ``Markov(p=..., max_on=0.05)`` (FedAU's ``markov-0.05``, fedau.md §1.4): ``a = P(off->on) = max_on``,
+    - ``Markov(p=..., max_on=0.05)`` (FedAU's code, ``markov-0.05``): ``a = P(off->on) = max_on``,
       ``b = P(on->off) = a (1/p - 1)``; if ``b > 1``: ``a <- a/b``, ``b <- 1``. Stationary probability stays ``p``.
 
     Every argument may be a scalar or a per-client array (``p`` also a recipe). Initial state: ``Bernoulli(p)``
@@ -129,7 +129,7 @@ class Markov(ProbabilityProcess):
 
     @staticmethod
     def fedau_transitions(p: Any, max_on: Any = 0.05) -> tuple[np.ndarray, np.ndarray]:
-        """FedAU's rule (fedau.md §1.4): ``(a, b) = (P(off->on), P(on->off))`` for stationary ``p`` and ``max_on``.
+        """FedAU's code's rule: ``(a, b) = (P(off->on), P(on->off))`` for stationary ``p`` and ``max_on``.
 
         ``a = max_on``, ``b = a (1/p - 1)``; where ``b > 1``: ``a <- a / b``, ``b <- 1`` (exactly when
         ``p < max_on / (1 + max_on)``, 1/21 for 0.05). ``p = 0`` gives ``(0, 1)``. Example: ``p = 0.02``,
@@ -167,12 +167,14 @@ class Markov(ProbabilityProcess):
         self._last_round: int | None = None
         self._last_state: np.ndarray | None = None
 
-    def _uniforms(self, round: int) -> np.ndarray:
+    def round_uniforms(self, round: int) -> np.ndarray:
+        """The ``N`` uniforms that decide every client's transition into round ``round`` (a pure function of
+        seed and round; the chain draws them once per round it advances through)."""
         return self.rng(round).random(self.num_clients)
 
     def _step(self, state: np.ndarray, round: int) -> np.ndarray:
         """State of round ``round`` from the state of round ``round - 1``."""
-        return self._uniforms(round) < np.where(state, self._stay, self._a)
+        return self.round_uniforms(round) < np.where(state, self._stay, self._a)
 
     def _state(self, round: int) -> np.ndarray:
         block = self.block
@@ -184,7 +186,7 @@ class Markov(ProbabilityProcess):
         if self._last_round is not None and start <= self._last_round <= round:
             start, state = self._last_round, self._last_state
         if state is None:
-            start, state = 0, self._uniforms(0) < self._pi
+            start, state = 0, self.round_uniforms(0) < self._pi
             self._checkpoints[0] = np.packbits(state)
         for s in range(start + 1, round + 1):
             state = self._step(state, s)

@@ -12,11 +12,11 @@ they are a pure function of the seed and independent of the per-round availabili
 
 Recipes:
 
-- :class:`LabelCorrelated` (FedAU, fedau.md §1.3): ``p_n = C mu <kappa_n, q>``, ``q ~ Dir(alpha 1_C)`` shared by
+- :class:`LabelCorrelated` (FedAU paper, App. C.6): ``p_n = C mu <kappa_n, q>``, ``q ~ Dir(alpha 1_C)`` shared by
   all clients, ``kappa_n`` the client's empirical label distribution, then floored and clipped to 1.
-- :class:`TwoGroup` (FedStale, fedstale.md §4): a random group with ``p = p_max`` (1: always on) and the rest
+- :class:`TwoGroup` (FedStale paper, experiments): a random group with ``p = p_max`` (1: always on) and the rest
   with ``p = p_min``.
-- :class:`CAFedClasses` (CA-Fed, thesis ch.2 §2.5.1; spec thesis_ch1_ch2_cafed.md §3.1, pitfall P9): four
+- :class:`CAFedClasses` (CA-Fed, thesis ch.2 §2.5.1 and the authors' code): four
   classes (more/less available x correlated/weakly correlated); returns both ``pi`` and ``lam``.
 """
 
@@ -50,12 +50,12 @@ def _static_rng(seed: int, key: StaticKey) -> np.random.Generator:
 
 
 class LabelCorrelated(Recipe):
-    """FedAU's label-correlated participation probabilities (fedau.md §1.3, App. C.6 of the paper).
+    """FedAU's label-correlated participation probabilities (App. C.6 of the paper).
 
     One affinity vector ``q ~ Dirichlet(alpha * 1_C)`` is drawn per seed and shared by all clients; client n with
     empirical label distribution ``kappa_n`` (its label histogram normalised to sum 1, as in the released code)
     gets ``p_n = C * mean * <kappa_n, q>``, so ``E[p_n] = mean`` over ``q``; then ``p_n <- max(p_n, floor)`` and
-    ``p_n <- min(p_n, 1)`` (the paper does not clip; fedau.md §6.2 pitfall 5: clipping is applied and warned about).
+    ``p_n <- min(p_n, 1)`` (the paper does not clip; here clipping is applied and warned about).
 
     Args:
         mean: target mean ``mu`` in ``(0, 1]`` (paper: 0.1).
@@ -113,7 +113,7 @@ class LabelCorrelated(Recipe):
 
 
 class TwoGroup(Recipe):
-    """FedStale's two participation groups (fedstale.md §4): ``p = p_max`` for one group, ``p_min`` for the other.
+    """FedStale's two participation groups (its experiments): ``p = p_max`` for one group, ``p_min`` for the other.
 
     The paper "randomly divides clients into two groups": one always participates (``p_max = 1``), the other has
     ``p_min`` in {0.5, ..., 0.002}. Group sizes are not stated; equal halves reproduce the thesis's axis values,
@@ -153,14 +153,14 @@ class TwoGroup(Recipe):
 
 
 class CAFedClasses(Recipe):
-    """CA-Fed's availability classes (thesis ch.2 §2.5.1; thesis_ch1_ch2_cafed.md §3.1 and pitfall P9).
+    """CA-Fed's availability classes (thesis ch.2 §2.5.1 and the authors' code).
 
     Clients get a stationary availability ``pi`` and a signed second eigenvalue ``lam`` of their two-state chain:
 
     - "more available": ``pi = 1/2 + g``; "less available": ``pi = 1/2 - g``;
     - "correlated": ``lam = nu``; "weakly correlated": ``lam ~ N(0, eps^2)`` (thesis).
 
-    ``composition`` settles pitfall P9:
+    ``composition`` chooses between the thesis' text and the released code, which differ:
 
     - ``"thesis"`` (default): the text's 2 x 2 equal classes. Class ids 0..3 = (more, correlated),
       (more, weak), (less, correlated), (less, weak), sizes as equal as possible (``numpy.array_split`` of each

@@ -1,4 +1,4 @@
-"""System heterogeneity (DESIGN.md §2.4): lossy links, local-step counts, latency and simulated time."""
+"""System heterogeneity: lossy links, local-step counts, latency and simulated time."""
 
 from lightning_fedhet.system.channel import LossDistribution, LossyChannel, UniformLoss
 from lightning_fedhet.system.latency import ShiftedExponential, VirtualClock

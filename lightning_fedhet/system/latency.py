@@ -1,11 +1,11 @@
 """Per-client round-trip latency and a virtual clock, so runs can report simulated time to accuracy.
 
-The latency model is FedAST's (fedast.md §1.3): a request's whole round trip (download, local training,
+The latency model is FedAST's (paper App. C.6 and its code): a request's whole round trip (download, local training,
 upload) is one shifted-exponential random variable ``X = beta + Exp(mean)`` per *step unit*, where client ``i``'s
 ``beta`` and ``mean`` are scaled by a speed factor fixed for the run (25% slow x1.3, 50% normal x1.0, 25% fast
 x0.7). With ``local_steps = K``:
 
-- ``steps="scale"`` (default; the paper and its code, fedast.md §1.3 and §7 item 11): one draw per request,
+- ``steps="scale"`` (default; the paper and its code): one draw per request,
   multiplied by ``K``: ``T_i = K * s_i * (beta + Exp(mean))``;
 - ``steps="sum"``: ``K`` independent draws summed: ``T_i = s_i * (K beta + Gamma(K, mean))`` (same mean, less
   spread for large ``K``).
@@ -35,7 +35,7 @@ from lightning_fedhet.system.steps import local_steps_for
 
 
 class ShiftedExponential:
-    """FedAST's shifted-exponential latency with per-client speed groups (fedast.md §1.2-1.3).
+    """FedAST's shifted-exponential latency with per-client speed groups (FedAST paper App. C.6).
 
     Client ``i`` in speed group ``g`` has shift ``shift * speed_factors[g]`` and exponential mean
     ``mean * speed_factors[g]`` per step unit (see the module docstring for how local steps scale it). Groups are

@@ -1,4 +1,4 @@
-"""Compute heterogeneity: how many local steps each client runs in a round (DESIGN.md §2.4).
+"""Compute heterogeneity: how many local steps each client runs in a round (FedACS paper App. I.3.1).
 
 ``local_steps`` may be
 
@@ -80,7 +80,7 @@ class UniformSteps(StepDistribution):
 
 
 class TwoGroupSteps(UniformSteps):
-    """FedACS's dynamic compute heterogeneity (fedacs.md §4.3): two halves with different step ranges.
+    """FedACS's dynamic compute heterogeneity (FedACS paper App. I.3.1): two halves with different step ranges.
 
     Clients ``0 .. N//2 - 1`` (the paper's clients 1-10 of 20) draw ``U{first}`` and the others ``U{second}``,
     afresh every round, integer-uniform with both ends included. Defaults are the paper's ``(1, 10)`` and
@@ -125,12 +125,12 @@ def local_steps_for(spec: Any, round: int, num_clients: int, seed: int) -> np.nd
 
     Args:
         spec: an int ``>= 1``, a per-client sequence of ints ``>= 1`` or a :class:`StepDistribution`
-            (any object with ``sample(round, num_clients, seed)`` is accepted and its output validated).
+            (subclass it for another per-round draw; its output is validated).
         round: 0-based round index.
         num_clients: ``N``.
         seed: the run's seed.
     """
-    if hasattr(spec, "sample") and not isinstance(spec, np.ndarray):
+    if isinstance(spec, StepDistribution):
         steps = as_int_array(spec.sample(round, num_clients, seed), "local_steps")
     else:
         steps = check_local_steps(spec)

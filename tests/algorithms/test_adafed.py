@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from selection_rounds import F64, check_resume, ctx_for, mask, vec
 
 from lightning_fedhet.algorithms import AdaFed, ClientInfo
+from tests.algorithms.selection_rounds import F64, check_resume, ctx_for, mask, vec
 
 ALPHA4 = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=F64)
 

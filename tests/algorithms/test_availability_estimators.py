@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from selection_rounds import F64, markov_chain
 
 from lightning_fedhet.algorithms import MarkovAvailabilityEstimator
+from tests.algorithms.selection_rounds import F64, markov_chain
 
 
 def test_markov_estimator_converges():

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, ctx_for, vec
 
 from lightning_fedhet.algorithms import CAFed, ClientInfo, compute_weights, proxy_error
+from tests.algorithms.selection_rounds import F64, check_resume, ctx_for, vec
 
 NAN = float("nan")
 
@@ -207,3 +207,11 @@ def test_bad_round_inputs():
 )
 def test_state_dict_resume_equals_uninterrupted(factory):
     check_resume(factory)
+
+
+def test_old_import_paths_still_work():
+    import lightning_fedhet.algorithms as algorithms
+    from lightning_fedhet.algorithms import cafed
+
+    for name in ("CAFed", "AdaFed", "F3AST", "MarkovAvailabilityEstimator", "compute_weights", "proxy_error"):
+        assert getattr(cafed, name) is getattr(algorithms, name), name

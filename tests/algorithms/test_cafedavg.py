@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, ctx_for, vec
 
 from lightning_fedhet.algorithms import CAFedAvg, ClientInfo
+from tests.algorithms.selection_rounds import F64, check_resume, ctx_for, vec
 
 
 def test_cafedavg_by_hand():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, ctx_for, vec
 
 from lightning_fedhet.algorithms import (
     CAFedAvg,
@@ -24,11 +23,13 @@ from lightning_fedhet.algorithms import (
     fedacs_probabilities,
     surrogate_weights,
 )
+from tests.algorithms.selection_rounds import F64, check_resume, ctx_for, vec
 
 # ============================================================================================== toy quadratic
-# Spec fedacs.md §4.1 (Fig. 4, middle panel): F_m(x) = 1/2 ||x - E_m||^2, E_m ~ N(0, I_10), M = 30 clients,
-# T_m = 1..30 local GD steps, failure probabilities q_m evenly spaced in [0.01, 0.3] (pairing: a fixed random
-# permutation), uniform omega, deterministic gradients. eta = 0.002 (Fig. 7's value) to shorten the burn-in.
+# The FedACS paper's toy quadratic (Examples 1-2, Fig. 4, middle panel): F_m(x) = 1/2 ||x - E_m||^2,
+# E_m ~ N(0, I_10), M = 30 clients, T_m = 1..30 local GD steps, failure probabilities q_m evenly spaced in
+# [0.01, 0.3] (pairing: a fixed random permutation), uniform omega, deterministic gradients. eta = 0.002 (Fig. 7's
+# value) to shorten the burn-in.
 # T GD steps from x give x_T - x = (1 - (1 - eta)^T)(E_m - x) =: c_m (E_m - x) exactly (checked below).
 M, D, ETA = 30, 10, 0.002
 _g = np.random.default_rng(2024)
@@ -145,7 +146,7 @@ def test_toy_fedacs_and_cafedavg_fixed_points(toy):
     # FedACS: p_m ∝ omega/((1-q_m) T_m), so E[update] ∝ sum_m p_m (1-q_m) c_m (E_m - x) ∝ sum_m (c_m/T_m)(E_m - x).
     acs = closed_form(C / T_STEPS)
     assert rel(toy["fedacs"], acs) < 1e-3
-    # c-a-FedAvg: p = omega and each update / (1-q_m): E[update] ∝ sum_m c_m (E_m - x)  (T-weighted, spec §6.3).
+    # c-a-FedAvg: p = omega and each update / (1-q_m): E[update] ∝ sum_m c_m (E_m - x)  (T-weighted).
     assert rel(toy["cafedavg"], closed_form(C.clone())) < 1e-3
     # Residual bias of FedACS is O(eta T_max): c_m/(eta T_m) lies in [1 - eta T_max/2, 1], hence
     # ||x_acs - X*|| <= sum |v_m - omega_m| max ||E_m - X*|| <= eta T_max max_m ||E_m - X*||.
@@ -331,3 +332,38 @@ def test_fedacs_ema_estimator_extension_learns_the_system():
     oracle = fedacs_probabilities(torch.full((n,), 0.25), s, steps)  # ∝ 1/(s T) = [1.11, 0.83, 0.44, 0.5]
     algo.select(1500, everyone, np.random.default_rng(0))
     assert torch.allclose(algo.last_probabilities, oracle, atol=0.03)
+
+
+def test_old_import_paths_still_work():
+    import lightning_fedhet.algorithms as algorithms
+    from lightning_fedhet.algorithms import fedacs
+
+    for name in ("FedACS", "SampledFedAvg", "CAFedAvg", "OS", "SystemEstimator", "fedacs_probabilities",
+                 "surrogate_weights", "chi_square"):
+        assert getattr(fedacs, name) is getattr(algorithms, name), name
+
+
+def test_check_client_solver_matches_the_norm_model():
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    algo = FedACS(K=2, momentum=0.9)
+    algo.setup(2, torch.zeros(1, dtype=F64))
+    algo.check_client_solver(torch.optim.SGD(params, lr=0.1, momentum=0.9), "reset")  # the modelled solver
+    with pytest.raises(ValueError, match=r"FedACS\(momentum=0.9\) does not match the optimizer's momentum=0\b"):
+        algo.check_client_solver(torch.optim.SGD(params, lr=0.1), "reset")
+    with pytest.raises(ValueError, match="torch.optim.SGD.*Adam"):
+        algo.check_client_solver(torch.optim.Adam(params), "reset")
+    with pytest.raises(ValueError, match="optimizer_state='persist'"):
+        algo.check_client_solver(torch.optim.SGD(params, lr=0.1, momentum=0.9), "persist")
+    plain = FedACS(K=2)
+    plain.setup(2, torch.zeros(1, dtype=F64))
+    plain.check_client_solver(torch.optim.SGD(params, lr=0.1), "persist")  # no momentum: nothing carried over
+    with pytest.raises(ValueError, match="momentum"):
+        plain.check_client_solver(torch.optim.SGD(params, lr=0.1, momentum=0.5), "reset")
+    # rules that never use ||a||_1 take any solver; c-a-FedAvg only needs it to calibrate
+    for free in (SampledFedAvg(K=2), CAFedAvg(K=2)):
+        free.setup(2, torch.zeros(1, dtype=F64))
+        free.check_client_solver(torch.optim.Adam(params), "persist")
+    calibrated = CAFedAvg(K=2, calibrate=True)
+    calibrated.setup(2, torch.zeros(1, dtype=F64))
+    with pytest.raises(ValueError, match="CAFedAvg"):
+        calibrated.check_client_solver(torch.optim.Adam(params), "reset")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rule_rounds import F64, check_resume, close, run_round, setup
 
 from lightning_fedhet.algorithms import ClientInfo, FedAU, IntervalEstimator
+from tests.algorithms.rule_rounds import F64, check_resume, close, run_round, setup
 
 
 def test_fedau_hand_computed():

@@ -59,8 +59,8 @@ def test_known_p_weighting_hand_computed():
     torch.testing.assert_close(w, torch.tensor([7.0, 11.0]), atol=1e-6, rtol=0)
 
 
-def test_all_weighting_with_sample_sized_alpha_is_thesis_algorithm_1():
-    # alpha = |D_i|/|D| = [1/4, 3/4], no renormalisation (thesis Alg. 1 line 8).
+def test_all_weighting_with_sample_sized_alpha():
+    # alpha = |D_i|/|D| = [1/4, 3/4], no renormalisation over the arrived clients ("average all" in delta space).
     # r0: 0.25*[2,0] + 0.75*[0,4] = [0.5, 3] -> [1.5, 2]; r1: 0.75*[2,2] = [1.5,1.5] -> [3, 3.5]
     w = _run(FedAvg("all"), ROUNDS, client_weights=torch.tensor([1.0, 3.0]))
     torch.testing.assert_close(w, torch.tensor([3.0, 3.5]), atol=1e-6, rtol=0)
@@ -108,7 +108,7 @@ def test_known_p_requires_positive_probabilities():
     algo.setup(2, torch.zeros(2))
     with pytest.raises(ValueError, match="participation_probs"):
         algo.open_round(0, _ctx(0, probs=None))
-    with pytest.raises(ValueError, match="> 0"):
+    with pytest.raises(ValueError, match=r"RoundContext.participation_probs must lie in \(0, 1\], got 0.0"):
         algo.open_round(0, _ctx(0, probs=torch.tensor([0.5, 0.0])))
 
 

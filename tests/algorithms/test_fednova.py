@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rule_rounds import F64, check_resume, close, random_run, run_round, setup
 
-from lightning_fedhet.algorithms import ClientInfo, FedAvg, FedNova
-from lightning_fedhet.algorithms.fednova import accumulation_norm
+from lightning_fedhet.algorithms import ClientInfo, FedAvg, FedNova, RoundContext
+from lightning_fedhet.algorithms.fednova import accumulation_norm, check_optimizer_matches
+from tests.algorithms.rule_rounds import F64, check_resume, close, make_ctx, random_run, run_round, setup
 
 
 def test_fednova_hand_computed_sgd():
@@ -104,3 +104,94 @@ def test_bad_round_inputs():
     nova.open_round(0, None)
     with pytest.raises(ValueError, match="local_steps"):
         nova.add(0, torch.zeros(1, dtype=F64), ClientInfo(num_samples=1, local_steps=0))
+
+
+def test_fednova_divisor_selected_is_the_fedacs_paper_form():
+    # Eq. 116a: w += server_lr * tau_eff * (1/K) sum_{received draws} delta_i / ||a_i||_1, tau_eff = mean ||a|| over
+    # the received draws. N = K = 3 selected, uniform alpha; clients 0 (1 step) and 1 (3 steps) arrive, 2 is lost.
+    # (1/3)([2,0]/1 + [0,6]/3) = [2/3, 2/3]; tau_eff = (1 + 3)/2 = 2 -> [4/3, 4/3] (divisor="arrived" gives [2, 2])
+    algo = setup(FedNova(divisor="selected"), 3, [0.0, 0.0])
+    close(run_round(algo, 0, 3, {0: [2, 0], 1: [0, 6]}, steps={0: 1, 1: 3}, selected=[0, 1, 2]), [4 / 3, 4 / 3])
+    assert algo.last_weights == pytest.approx({0: 2 / 3, 1: 2 / 9})  # tau_eff / K / ||a_i||_1
+    # selected given as draw counts: client 0 drawn twice, client 1 once (K = 3 draws), both arrive.
+    # (1/3)(2 [2,0]/1 + [0,6]/3) = [4/3, 2/3]; tau_eff = (1 + 1 + 3)/3 = 5/3 -> w += [20/9, 10/9]
+    algo = setup(FedNova(divisor="selected"), 3, [0.0, 0.0])
+    ones = torch.ones(3, dtype=torch.bool)
+    recv = torch.tensor([True, True, False])
+    algo.open_round(0, RoundContext(0, 3, ones, torch.tensor([2, 1, 0]), recv))
+    algo.add(0, torch.tensor([2.0, 0.0], dtype=F64), ClientInfo(1, local_steps=1))
+    algo.add(1, torch.tensor([0.0, 6.0], dtype=F64), ClientInfo(1, local_steps=3))
+    close(algo.close_round(), [20 / 9, 10 / 9])
+    assert algo.last_tau_eff == pytest.approx(5 / 3)
+    # nobody arrives: unchanged
+    close(run_round(algo, 1, 3, {}, selected=[0, 1]), [20 / 9, 10 / 9])
+
+
+def test_fednova_divisor_selected_validation():
+    with pytest.raises(ValueError, match="divisor must be one of"):
+        FedNova(divisor="K")
+    with pytest.raises(ValueError, match="divisor='selected' needs weighting='participating'"):
+        FedNova(divisor="selected", weighting="samples")
+    algo = setup(FedNova(divisor="selected"), 3, [0.0])
+    with pytest.raises(ValueError, match="needs RoundContext.selected"):
+        algo.open_round(0, None)
+    algo.open_round(0, make_ctx(0, 3, [0], selected=[0]))
+    with pytest.raises(ValueError, match="client 1 arrived but is not in RoundContext.selected"):
+        algo.add(1, torch.zeros(1, dtype=F64), ClientInfo(1, 1))
+
+
+def _sgd(momentum=0.0, **kw):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=momentum, **kw)
+
+
+def test_persisted_momentum_breaks_the_assumed_norm():
+    # Why optimizer_state="persist" is refused: with a constant gradient g, 3 steps of SGD(momentum=0.9) from a fresh
+    # buffer move x by -eta ||a||_1 g with ||a||_1 = 1 + 1.9 + 2.71 = 5.61; a second round of 3 steps that keeps the
+    # buffer (b = 2.71) moves it by -eta (5.61 + 2.71 (0.9 + 0.81 + 0.729)) g = -eta 12.22 g.
+    g = torch.tensor([1.0, -2.0], dtype=F64)
+    x = torch.zeros(2, dtype=F64, requires_grad=True)
+    opt = torch.optim.SGD([x], lr=0.1, momentum=0.9)
+    moves = []
+    for _ in range(2):
+        start = x.detach().clone()
+        for _ in range(3):
+            opt.zero_grad()
+            (g * x).sum().backward()
+            opt.step()
+        moves.append((start - x.detach()) / (0.1 * g))
+    torch.testing.assert_close(moves[0], torch.full((2,), 5.61, dtype=F64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(moves[1], torch.full((2,), 5.61 + 2.71 * 2.439, dtype=F64), atol=1e-9, rtol=0)
+    assert accumulation_norm(3, 0.9) == pytest.approx(5.61)
+
+
+def test_check_client_solver():
+    FedNova(momentum=0.9).check_client_solver(_sgd(0.9, weight_decay=5e-4), "reset")  # weight decay: objective
+    FedNova().check_client_solver(_sgd(0.0), "persist")  # plain SGD keeps no state
+    FedNova(prox_mu=1.0, local_lr=0.1).check_client_solver(_sgd(0.0), "reset")
+    with pytest.raises(ValueError, match=r"FedNova\(momentum=0\.9\).*optimizer_state='persist'"):
+        FedNova(momentum=0.9).check_client_solver(_sgd(0.9), "persist")
+    with pytest.raises(ValueError, match=r"FedNova\(momentum=0\.5\) does not match the optimizer's momentum=0\.9"):
+        FedNova(momentum=0.5).check_client_solver(_sgd(0.9), "reset")
+    with pytest.raises(ValueError, match=r"FedNova\(momentum=0\.0\) does not match the optimizer's momentum=0\.9"):
+        FedNova().check_client_solver(_sgd(0.9), "reset")
+    with pytest.raises(ValueError, match="nesterov=True"):
+        FedNova(momentum=0.9).check_client_solver(_sgd(0.9, nesterov=True), "reset")
+    with pytest.raises(ValueError, match="dampening=0.1"):
+        FedNova(momentum=0.9).check_client_solver(_sgd(0.9, dampening=0.1), "reset")
+    with pytest.raises(ValueError, match=r"FedNova\(local_lr=0\.05\) does not match the optimizer's lr=0\.1"):
+        FedNova(prox_mu=1.0, local_lr=0.05).check_client_solver(_sgd(0.0), "reset")
+    with pytest.raises(ValueError, match="models torch.optim.SGD.*Adam"):
+        FedNova().check_client_solver(torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))]), "reset")
+    with pytest.raises(ValueError, match="optimizer_state must be"):
+        FedNova().check_client_solver(_sgd(0.0), "keep")
+    two_groups = torch.optim.SGD(
+        [{"params": [torch.nn.Parameter(torch.zeros(1))]}, {"params": [torch.nn.Parameter(torch.zeros(1))]}],
+        lr=0.1,
+        momentum=0.9,
+    )
+    two_groups.param_groups[1]["momentum"] = 0.0
+    with pytest.raises(ValueError, match=r"momentum=0\.0 \(param group 1\)"):
+        FedNova(momentum=0.9).check_client_solver(two_groups, "reset")
+    # the helper FedACS shares names its caller
+    with pytest.raises(ValueError, match=r"FedACS\(momentum=0\.9\)"):
+        check_optimizer_matches("FedACS", _sgd(0.9), "persist", 0.9)

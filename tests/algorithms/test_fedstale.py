@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rule_rounds import F64, check_resume, close, make_ctx, random_run, run_round, setup
 
 from lightning_fedhet.algorithms import MIFA, ClientInfo, FedAvg, FedStale, FedVARP, IntervalEstimator, StaleMemory
+from tests.algorithms.rule_rounds import F64, check_resume, close, make_ctx, random_run, run_round, setup
 
 
 def test_fedstale_hand_computed_known_p():

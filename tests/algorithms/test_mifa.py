@@ -7,9 +7,9 @@ under test. All deltas are ``delta_i = w_i - w_t``.
 from __future__ import annotations
 
 import pytest
-from rule_rounds import check_resume, close, run_round, setup
 
 from lightning_fedhet.algorithms import MIFA
+from tests.algorithms.rule_rounds import check_resume, close, run_round, setup
 
 
 def test_mifa_hand_computed_and_empty_round():

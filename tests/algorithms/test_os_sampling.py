@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, vec
 
 from lightning_fedhet.algorithms import OS, ClientInfo
+from tests.algorithms.selection_rounds import F64, check_resume, vec
 
 
 def test_os_by_hand():
@@ -41,3 +41,10 @@ def test_bad_constructor_arguments(build, match):
 
 def test_state_dict_resume_equals_uninterrupted():
     check_resume(lambda: OS(K=3, mix=0.1))
+
+
+def test_any_client_solver_is_accepted():
+    # OS weighs by update norms, never by ||a||_1
+    algo = OS(K=2)
+    algo.setup(2, torch.zeros(1, dtype=F64))
+    algo.check_client_solver(torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]), "persist")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from selection_rounds import F64, check_resume, vec
 
 from lightning_fedhet.algorithms import ClientInfo, SampledFedAvg
+from tests.algorithms.selection_rounds import F64, check_resume, vec
 
 
 def test_sampled_fedavg_by_hand():

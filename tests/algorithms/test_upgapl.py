@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from rule_rounds import F64, check_resume, close, make_ctx, run_round, setup
 
 from lightning_fedhet.algorithms import DMAPL, UDMAPL, UPGAPL, ClientInfo, RoundContext
+from tests.algorithms.rule_rounds import F64, check_resume, close, make_ctx, run_round, setup
 
 # alpha = [1,1,2]/4 = [0.25, 0.25, 0.5]; success s = 1-q = [1, 0.5, 0.8]; c = alpha/s = [0.25, 0.5, 0.625]
 ALPHA = torch.tensor([1.0, 1.0, 2.0])

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 from torch.utils.data import TensorDataset
 
 from lightning_fedhet import Dirichlet, FederatedDataModule, FedHetStrategy
@@ -13,6 +12,7 @@ from lightning_fedhet.data import synthetic_leaf
 from lightning_fedhet.engines.vmap import VmapUnsupported
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import UniformSteps
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 
 def _run(engine, make_model, dm, rounds=5, seed=1):

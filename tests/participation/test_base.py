@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from processes import N, draw
 
 from lightning_fedhet.participation import Bernoulli, Cyclic, Full, LabelCorrelated, Markov, Trace, UniformSample
+from tests.participation.processes import N, draw
 
 
 def _processes():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from processes import N, T, assert_frequencies, draw, lag1_autocorrelation
 
 from lightning_fedhet.participation import Bernoulli
+from tests.participation.processes import N, T, assert_frequencies, draw, lag1_autocorrelation
 
 
 def test_bernoulli_long_run_frequency_per_client():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from processes import N, T, draw
 
 from lightning_fedhet.participation import Cyclic
+from tests.participation.processes import N, T, draw
 
 
 def test_cyclic_block_lengths_exact():

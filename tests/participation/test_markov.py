@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from processes import N, T, assert_frequencies, draw, lag1_autocorrelation
 
 from lightning_fedhet.participation import Markov
+from tests.participation.processes import N, T, assert_frequencies, draw, lag1_autocorrelation
 
 
 @pytest.mark.parametrize("lam", [0.8, -0.4])
@@ -72,8 +72,8 @@ def test_markov_caching_is_linear_in_order_and_bounded_on_revisit(monkeypatch):
     proc = Markov(p=0.3, lam=0.5, block=16)
     proc.setup(N, seed=0)
     calls = []
-    original = proc._uniforms
-    monkeypatch.setattr(proc, "_uniforms", lambda t: calls.append(t) or original(t))
+    original = proc.round_uniforms
+    monkeypatch.setattr(proc, "round_uniforms", lambda t: calls.append(t) or original(t))
     draw(proc, range(200))
     assert calls == list(range(200))  # one step per round in order
     calls.clear()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from processes import draw
 
 from lightning_fedhet.participation import Bernoulli, CAFedClasses, LabelCorrelated, Markov, TwoGroup
+from tests.participation.processes import draw
 
 
 def test_label_correlated_formula_and_mean():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from processes import draw
 
 from lightning_fedhet.participation import Trace
+from tests.participation.processes import draw
 
 
 def test_trace_replays_and_wraps(tmp_path):

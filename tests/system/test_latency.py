@@ -38,7 +38,7 @@ def test_shifted_exponential_fedast_groups_masks_and_purity():
     assert np.bincount(model.group).tolist() == [250, 500, 250]
     np.testing.assert_allclose(np.sort(np.unique(model.speed)), [0.7, 1.0, 1.3])
     normal = model.group == 1
-    np.testing.assert_allclose(model.expected(27)[normal], 5.994)  # fedast.md §1.3 example
+    np.testing.assert_allclose(model.expected(27)[normal], 5.994)  # FedAST App. C.6: 27 steps x (0.074 + 0.148)
     mask = np.arange(1000) % 2 == 0
     steps = np.where(mask, 27, 0)
     out = model.sample(4, torch.from_numpy(mask), steps)

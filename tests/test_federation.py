@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 from lightning_fedhet import Dirichlet, FedAvg, FederatedDataModule, FedHetStrategy, UniformSample
 from lightning_fedhet.algorithms import FedStale, FedVARP
 from lightning_fedhet.participation import Bernoulli, LabelCorrelated, Markov
 from lightning_fedhet.system import LossyChannel, ShiftedExponential, UniformSteps
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 
 def _dm(n=240, clients=12):
@@ -138,13 +138,45 @@ def _stale_run(algorithm, rounds=20):
     return flat_params(_fit(strategy, rounds=rounds)), strategy
 
 
-def test_fedstale_beta_0_is_unbiased_fedavg_and_beta_1_is_fedvarp_over_20_real_rounds():
+class RecordingFedVARP(FedVARP):
+    """FedVARP that keeps w_0, each round's p_i and every absorbed delta, to replay them through the paper's rule."""
+
+    def setup(self, num_clients, init_params, client_weights=None, client_sizes=None):
+        super().setup(num_clients, init_params, client_weights, client_sizes)
+        self.w0 = init_params.detach().clone()
+        self.record = []
+
+    def open_round(self, round, ctx):
+        super().open_round(round, ctx)
+        self.record.append((ctx.participation_probs.clone(), {}))
+
+    def add(self, client, delta, info):
+        self.record[-1][1][client] = delta.detach().clone()
+        super().add(client, delta, info)
+
+
+def _u_fedvarp(w0, record):
+    """FedStale paper Eq. 7 written out (uniform 1/N; empty rounds skipped as in the reference codes), in fp64:
+    w += (1/N) sum_i h_i + (1/N) sum_{i in S} (Delta_i - h_i) / p_i, then h_i <- Delta_i for i in S."""
+    w = w0.to(torch.float64)
+    n = len(record[0][0])
+    h = [torch.zeros_like(w) for _ in range(n)]
+    for p, deltas in record:
+        if deltas:
+            w = w + sum(h) / n + sum((d.to(torch.float64) - h[i]) / float(p[i]) for i, d in deltas.items()) / n
+        for i, d in deltas.items():
+            h[i] = d.to(torch.float64)
+    return w
+
+
+def test_fedstale_beta_0_is_unbiased_fedavg_and_fedvarp_known_p_is_the_paper_rule_over_20_real_rounds():
     w_stale0, s0 = _stale_run(FedStale(beta=0.0))
     w_known, _ = _stale_run(FedAvg(weighting="known_p"))
     torch.testing.assert_close(w_stale0, w_known, atol=1e-6, rtol=0)
-    w_stale1, s1 = _stale_run(FedStale(beta=1.0, weighting="participating"))
-    w_varp, _ = _stale_run(FedVARP(weighting="participating"))
-    torch.testing.assert_close(w_stale1, w_varp, atol=1e-6, rtol=0)
+    varp = RecordingFedVARP(weighting="known_p")
+    w_stale1, s1 = _stale_run(varp)
+    assert len(varp.record) == 20 and sum(1 for _, deltas in varp.record if deltas) >= 10
+    torch.testing.assert_close(w_stale1.to(torch.float64), _u_fedvarp(varp.w0, varp.record), atol=1e-6, rtol=0)
     # and the two families really differ on this run
     assert (w_stale0 - w_stale1).abs().max() > 1e-3
     # the stale memory's size is reported every round: N x d fp32; none for beta = 0

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from helpers import TinyClassifier, quiet_trainer, toy_dataset
 from lightning.pytorch.callbacks import Callback
 
 from lightning_fedhet import Dirichlet, FederatedDataModule, FedHetStrategy
@@ -11,6 +10,7 @@ from lightning_fedhet.algorithms import CAFed, FedACS
 from lightning_fedhet.algorithms.fedacs import chi_square, surrogate_weights
 from lightning_fedhet.participation import Markov
 from lightning_fedhet.system import LossyChannel, TwoGroupSteps
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 
 class _Probe(Callback):

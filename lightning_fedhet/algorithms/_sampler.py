@@ -1,0 +1,394 @@
+"""The machinery shared by the FedACS family (:mod:`~lightning_fedhet.algorithms.fedacs`): ``K`` draws with
+replacement, anonymous aggregation with divisor ``K`` (rule (3) of the FedACS paper), the system oracle and the
+labelled EMA extension (:class:`SystemEstimator`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_fedhet._checks import (
+    as_int_array,
+    check_choice,
+    check_int,
+    check_mask,
+    check_real,
+    check_vector,
+    per_client,
+)
+from lightning_fedhet.algorithms._weighted_sum import WeightedSum
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
+from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver, check_optimizer_matches
+
+UNAVAILABLE = ("renormalize", "drop")
+ESTIMATORS = (None, "ema")
+_F64 = torch.float64
+
+
+def _clone(x):
+    return None if x is None else x.clone()
+
+
+# ---------------------------------------------------------------------------------------------- EMA estimator
+class SystemEstimator:
+    """Bias-corrected EMAs of what the server observes (an extension beyond the FedACS paper).
+
+    Per client it tracks the arrival indicator of each round the client was drawn (estimates ``s_m``), the
+    accumulation norm of the steps it was told to run (estimates ``||a_m||_1``) and its availability (estimates
+    ``pi_m``). Each EMA is ``v <- (1-b) v + b x`` with the bias-correcting weight ``u <- (1-b) u + b``, estimate
+    ``v/u`` (the plain mean of the first observations, then exponentially forgetting; like Adam's correction).
+
+    Args:
+        rate: EMA rate ``b`` in ``(0, 1]`` (1 = last observation only).
+    """
+
+    def __init__(self, rate: float = 0.1) -> None:
+        self.rate = check_real(rate, "ema (the estimator's rate)", 0.0, 1.0, low_open=True)
+        self.num_clients = 0
+        self.state: dict[str, Tensor] = {}
+
+    def setup(self, num_clients: int) -> None:
+        self.num_clients = int(num_clients)
+        z = torch.zeros(self.num_clients, dtype=_F64)
+        self.state = {k: z.clone() for k in ("s_v", "s_u", "a_v", "a_u", "pi_v", "pi_u")}
+
+    def _ema(self, key: str, mask: Tensor, x: Tensor) -> None:
+        b = self.rate
+        v, u = self.state[key + "_v"], self.state[key + "_u"]
+        v[mask] = (1 - b) * v[mask] + b * x[mask]
+        u[mask] = (1 - b) * u[mask] + b
+
+    def update(self, drawn: Tensor, arrived: Tensor, available: Tensor | None, norms: Tensor | None) -> None:
+        """One round: ``drawn``/``arrived``/``available`` bool ``[N]``; ``norms`` float ``[N]`` (nan = not seen)."""
+        self._ema("s", drawn, arrived.to(_F64))
+        if norms is not None:
+            self._ema("a", torch.isfinite(norms) & (norms > 0), torch.nan_to_num(norms, nan=0.0))
+        if available is not None:
+            self._ema("pi", torch.ones(self.num_clients, dtype=torch.bool), available.to(_F64))
+
+    def _estimate(self, key: str, prior: float) -> Tensor:
+        v, u = self.state[key + "_v"], self.state[key + "_u"]
+        seen = u > 0
+        out = torch.full((self.num_clients,), prior, dtype=_F64)
+        out[seen] = v[seen] / u[seen]
+        return out
+
+    def success(self) -> Tensor:
+        """Estimated ``s_m`` (1 for clients never drawn)."""
+        return self._estimate("s", 1.0)
+
+    def availability(self) -> Tensor:
+        """Estimated ``pi_m`` (1 before the first round)."""
+        return self._estimate("pi", 1.0)
+
+    def norms(self) -> Tensor:
+        """Estimated ``||a_m||_1`` (mean of the known estimates, or 1, for clients never told to train)."""
+        seen = self.state["a_u"] > 0
+        prior = float((self.state["a_v"][seen] / self.state["a_u"][seen]).mean()) if seen.any() else 1.0
+        return self._estimate("a", prior)
+
+    def state_dict(self) -> dict:
+        return {"rate": self.rate, "num_clients": self.num_clients, **{k: v.clone() for k, v in self.state.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rate = float(state["rate"])
+        self.num_clients = int(state["num_clients"])
+        self.state = {k: state[k].clone() for k in ("s_v", "s_u", "a_v", "a_u", "pi_v", "pi_u")}
+
+
+# ---------------------------------------------------------------------------------------------- shared sampler
+class WithReplacementSampler(Algorithm):
+    """K draws with replacement from ``p``; anonymous aggregation ``(1/K) sum c_m f_m delta_m`` (rule (3)).
+
+    Subclasses give the sampling scores (:meth:`_scores`) and, optionally, the per-client factor ``f_m``
+    (:meth:`_round_factors`), a per-round server-step multiplier (:meth:`_round_step_scale`) and a hook on every
+    arrived update (:meth:`_after_add`). See :mod:`lightning_fedhet.algorithms.fedacs` for the model.
+    """
+
+    selects_clients = True
+    shares_rounds = True
+    uses_system = False  # whether the sampling probabilities need this round's oracle values (FedACS: True)
+
+    def __init__(
+        self,
+        K: int,
+        unavailable: str = "renormalize",
+        server_lr: float = 1.0,
+        estimator: str | None = None,
+        ema: float = 0.1,
+        momentum: float = 0.0,
+        prox_mu: float = 0.0,
+        local_lr: float | None = None,
+        min_success: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.K = check_int(K, "K (number of draws per round)")
+        self.unavailable = check_choice(unavailable, "unavailable", UNAVAILABLE)
+        self.server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True)
+        self.estimator_name = check_choice(estimator, "estimator", ESTIMATORS)
+        check_local_solver(momentum, prox_mu, local_lr)
+        self.min_success = check_real(min_success, "min_success", 0.0, 1.0, low_open=True)
+        self.estimator = SystemEstimator(ema) if estimator == "ema" else None
+        self.ema = float(ema)
+        self.momentum = float(momentum)
+        self.prox_mu = float(prox_mu)
+        self.local_lr = None if local_lr is None else float(local_lr)
+        self._prox = self.prox_mu * self.local_lr if self.prox_mu > 0 else 0.0
+        self.last_probabilities: Tensor | None = None
+        self.last_counts: Tensor | None = None
+        self.last_system: dict[str, Tensor] | None = None
+        self._counts_round: int | None = None
+        self._known: dict[str, Tensor | None] = {"success": None, "norms": None, "participation": None}
+        self._observed_round: int | None = None
+        self._warned = False
+        self._acc: WeightedSum | None = None  # this round's (1/K) sum c_m f_m delta_m
+        self._factors: Tensor | None = None
+        self._step_scale = 1.0
+        self._norm_cache: dict[int, float] = {}
+
+    def hparams(self) -> dict:
+        out = {"K": self.K, "unavailable": self.unavailable, "server_lr": self.server_lr}
+        if self.estimator_name is not None:
+            out.update(estimator=self.estimator_name, ema=self.ema)
+        return out
+
+    def setup(
+        self,
+        num_clients: int,
+        init_params: Tensor,
+        client_weights: Tensor | None = None,
+        client_sizes: Tensor | None = None,
+    ) -> None:
+        super().setup(num_clients, init_params, client_weights, client_sizes)
+        if self.estimator is not None:
+            self.estimator.setup(self.num_clients)
+
+    # ------------------------------------------------------------------ local solver
+    def _uses_norms(self) -> bool:
+        """Whether this rule's numbers depend on the clients' ``||a||_1`` (FedACS: always; c-a-FedAvg: to calibrate)."""
+        return False
+
+    def check_client_solver(self, optimizer: torch.optim.Optimizer, optimizer_state: str) -> None:
+        """Refuse a client optimizer whose ``||a||_1`` is not the one this rule computes from ``momentum``,
+        ``prox_mu`` and ``local_lr`` (:func:`~lightning_fedhet.algorithms.fednova.check_optimizer_matches`), when
+        the rule uses ``||a||_1`` at all; any optimizer is accepted otherwise."""
+        if self._uses_norms():
+            check_optimizer_matches(type(self).__name__, optimizer, optimizer_state, self.momentum, self.prox_mu,
+                                    self.local_lr)
+
+    # ------------------------------------------------------------------ system knowledge
+    def norms_from_steps(self, local_steps) -> Tensor:
+        """``||a||_1`` of this rule's local solver for each entry of ``local_steps`` (ints >= 1), float64."""
+        steps = torch.as_tensor(local_steps).flatten().cpu()
+        out = torch.empty(steps.numel(), dtype=_F64)
+        for k in torch.unique(steps).tolist():
+            if k not in self._norm_cache:
+                self._norm_cache[k] = accumulation_norm(int(k), self.momentum, self._prox)
+            out[steps == k] = self._norm_cache[k]
+        return out
+
+    def observe_system(
+        self,
+        round: int,
+        *,
+        success_probs=None,
+        local_steps=None,
+        participation_probs=None,
+        accumulation_norms=None,
+    ) -> None:
+        """The system oracle for round ``round``; call it **before** :meth:`select` of that round.
+
+        Args:
+            round: the round the values are for.
+            success_probs: ``s_m = 1 - q_m^{(t)}`` in ``[0, 1]`` per client (``[N]`` or scalar).
+            local_steps: local steps ``T_m^{(t)} >= 1`` every client would run this round (``[N]`` or scalar).
+            participation_probs: stationary availability ``pi_m`` in ``[0, 1]`` (used with ``unavailable="drop"``).
+            accumulation_norms: ``||a_m^{(t)}||_1 > 0`` directly, instead of ``local_steps``.
+
+        Values not given keep their last known value.
+        """
+        self._check_ready()
+        n = self.num_clients
+        if success_probs is not None:
+            self._known["success"] = check_vector(success_probs, "success_probs", 0.0, 1.0, num_clients=n)
+        if local_steps is not None and accumulation_norms is not None:
+            raise ValueError("give local_steps or accumulation_norms, not both")
+        if local_steps is not None:
+            steps = per_client(as_int_array(local_steps, "local_steps"), n, "local_steps")
+            self._known["norms"] = self.norms_from_steps(torch.from_numpy(steps).to(torch.int64))
+        if accumulation_norms is not None:
+            self._known["norms"] = check_vector(accumulation_norms, "accumulation_norms", 0.0, math.inf, low_open=True,
+                                                num_clients=n)
+        if participation_probs is not None:
+            self._known["participation"] = check_vector(participation_probs, "participation_probs", 0.0, 1.0,
+                                                        num_clients=n)
+        self._observed_round = int(round)
+
+    def _system(self, round: int) -> dict[str, Tensor]:
+        """``success`` (availability folded in under ``unavailable="drop"``) and ``norms`` used this round."""
+        n = self.num_clients
+        if self.estimator is not None:
+            s, a, pi = self.estimator.success(), self.estimator.norms(), self.estimator.availability()
+        else:
+            if self._observed_round != round and self.uses_system and not self._warned:
+                warnings.warn(
+                    f"{type(self).__name__}.select(round={round}) without observe_system({round}): using the last "
+                    "known success probabilities and local steps (Algorithm 1 line 4 needs this round's values)",
+                    stacklevel=3,
+                )
+                self._warned = True
+            ones = torch.ones(n, dtype=_F64)
+            s = ones if self._known["success"] is None else self._known["success"]
+            a = self._known["norms"]
+            if a is None:
+                a = ones
+            elif not torch.isfinite(a).all():
+                known = torch.isfinite(a)
+                a = torch.where(known, a, a[known].mean() if known.any() else torch.tensor(1.0, dtype=_F64))
+            pi = ones if self._known["participation"] is None else self._known["participation"]
+        if self.unavailable == "drop":
+            s = s * pi
+        return {"success": s.clamp(min=self.min_success, max=1.0), "norms": a.clamp(min=1e-12)}
+
+    # ------------------------------------------------------------------ rule hooks
+    def _scores(self, system: dict[str, Tensor]) -> Tensor:
+        """Unnormalised sampling weights over all ``N`` clients (float64, >= 0)."""
+        raise NotImplementedError
+
+    def _round_factors(self, probs: Tensor, system: dict[str, Tensor], ctx: RoundContext | None) -> Tensor:
+        """Per-client factor ``f_m`` of this round (float64 ``[N]``)."""
+        return torch.ones(self.num_clients, dtype=_F64)
+
+    def _round_step_scale(self, system: dict[str, Tensor]) -> float:
+        return 1.0
+
+    # ------------------------------------------------------------------ protocol
+    def select(self, round: int, available: Tensor, rng: np.random.Generator) -> Tensor:
+        """Draw ``K`` clients with replacement; returns int64 counts ``[N]`` (0 off the sample)."""
+        self._check_ready()
+        avail = check_mask(available, self.num_clients, "available")
+        system = self._system(round)
+        scores = self._scores(system).clone()
+        if self.unavailable == "renormalize":
+            scores[~avail] = 0.0
+        total = float(scores.sum())
+        probs = scores / total if total > 0 else torch.zeros_like(scores)
+        counts = torch.zeros(self.num_clients, dtype=torch.int64)
+        if total > 0:
+            counts = torch.from_numpy(rng.multinomial(self.K, probs.numpy()).astype(np.int64))
+            counts[~avail] = 0  # unavailable="drop": those draws are lost like failed uploads
+        self.last_probabilities = probs
+        self.last_counts = counts.clone()
+        self.last_system = {k: v.clone() for k, v in system.items()}
+        self._counts_round = int(round)
+        return counts
+
+    def open_round(self, round: int, ctx: RoundContext | None) -> None:
+        super().open_round(round, ctx)
+        if self._counts_round != int(round):
+            raise RuntimeError(
+                f"{type(self).__name__}: select() must be called for round {round} before open_round({round}); "
+                "updates are weighted by their number of draws"
+            )
+        if ctx is not None and self.estimator is None:
+            if ctx.success_probs is not None:
+                self._known["success"] = check_vector(ctx.success_probs, "success_probs", 0.0, 1.0,
+                                                      num_clients=self.num_clients)
+            if ctx.participation_probs is not None and self._known["participation"] is None:
+                self._known["participation"] = check_vector(ctx.participation_probs, "participation_probs", 0.0, 1.0,
+                                                            num_clients=self.num_clients)
+            if ctx.local_steps is not None:
+                steps = torch.as_tensor(ctx.local_steps).flatten().cpu().to(torch.int64)
+                told = steps > 0
+                if told.any():
+                    norms = self._known["norms"]
+                    if norms is None:
+                        norms = torch.full((self.num_clients,), float("nan"), dtype=_F64)
+                    norms = norms.clone()
+                    norms[told] = self.norms_from_steps(steps[told])
+                    self._known["norms"] = norms
+        self._factors = self._round_factors(self.last_probabilities, self.last_system, ctx)
+        self._step_scale = self._round_step_scale(self.last_system)
+        self._acc = WeightedSum(self.params)
+
+    def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
+        self._check_update(client, delta, self._acc, self._acc)
+        count = int(self.last_counts[client])
+        if count == 0:
+            raise ValueError(f"client {client} was not drawn by select() in round {self._counts_round}")
+        # rule (3): an update drawn c_m times counts c_m times, whatever arrives the divisor is K
+        self._acc.add(client, delta, weight=count * float(self._factors[client]) / self.K)
+        self._after_add(client, delta)
+
+    def _after_add(self, client: int, delta: Tensor) -> None:
+        pass
+
+    def round_shares(self) -> RoundShares:
+        return self._acc.shares()
+
+    def close_round(self) -> Tensor:
+        acc = self._acc
+        if acc is None:
+            raise RuntimeError("close_round() called without open_round()")
+        if len(acc):
+            self.params = self.params + (self.server_lr * self._step_scale) * acc.total
+        self.last_weights = acc.scaled_weights(self._step_scale)
+        if self.estimator is not None:
+            arrived = torch.zeros(self.num_clients, dtype=torch.bool)
+            if len(acc):
+                arrived[list(acc.weights)] = True
+            ctx = self.ctx
+            norms = None
+            if ctx is not None and ctx.local_steps is not None:
+                steps = torch.as_tensor(ctx.local_steps).flatten().cpu().to(torch.int64)
+                norms = torch.full((self.num_clients,), float("nan"), dtype=_F64)
+                if (steps > 0).any():
+                    norms[steps > 0] = self.norms_from_steps(steps[steps > 0])
+            available = None if ctx is None else torch.as_tensor(ctx.available).flatten().cpu() != 0
+            self.estimator.update(self.last_counts > 0, arrived, available, norms)
+        self._acc = None
+        return self.params
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["sampler"] = {
+            "last_probabilities": _clone(self.last_probabilities),
+            "last_counts": _clone(self.last_counts),
+            "last_system": None if self.last_system is None else {k: v.clone() for k, v in self.last_system.items()},
+            "counts_round": self._counts_round,
+            "known": {k: _clone(v) for k, v in self._known.items()},
+            "observed_round": self._observed_round,
+            "warned": self._warned,
+            "estimator": None if self.estimator is None else self.estimator.state_dict(),
+            "extra": self._extra_state(),
+        }
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        s = state["sampler"]
+        self.last_probabilities = _clone(s["last_probabilities"])
+        self.last_counts = _clone(s["last_counts"])
+        self.last_system = None if s["last_system"] is None else {k: v.clone() for k, v in s["last_system"].items()}
+        self._counts_round = s["counts_round"]
+        self._known = {k: _clone(v) for k, v in s["known"].items()}
+        self._observed_round = s["observed_round"]
+        self._warned = bool(s["warned"])
+        if (self.estimator is None) != (s["estimator"] is None):
+            raise ValueError(f"state was saved with estimator={'ema' if s['estimator'] else None!r} "
+                             f"but this rule has estimator={self.estimator_name!r}")
+        if self.estimator is not None:
+            self.estimator.load_state_dict(s["estimator"])
+        self._load_extra_state(s["extra"])
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        pass
