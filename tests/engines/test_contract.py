@@ -73,8 +73,8 @@ CASES = {
     "UPGAPL": (lambda: UPGAPL(), _hetero),
     "DMAPL": (lambda: DMAPL(), _hetero),
     "UDMAPL": (lambda: UDMAPL(), _hetero),
-    "FedNova": (lambda: FedNova(), _hetero),
-    "FedACS": (lambda: FedACS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "FedNova": (lambda: FedNova(momentum=0.5), _hetero),  # the solver of TinyClassifier(momentum=0.5)
+    "FedACS": (lambda: FedACS(K=4, momentum=0.5), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
     "SampledFedAvg": (lambda: SampledFedAvg(K=4), dict(channel=_hetero["channel"])),
     "CAFedAvg": (lambda: CAFedAvg(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
     "OS": (lambda: OS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
