@@ -118,17 +118,26 @@ class ProcessGroupComm:
         self.merges += 1
         return [item for _, item in gathered]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the backend communicates: the current CUDA device for NCCL, else the CPU (gloo)."""
+        if self.active and dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def sum_(self, tensors: list[Tensor]) -> None:
-        """Sum each tensor elementwise over the processes, in place (one all-reduce per dtype and device)."""
-        groups: dict[tuple, list[Tensor]] = {}
+        """Sum each tensor elementwise over the processes, in place: one all-reduce per dtype, on the backend's
+        device (a tensor elsewhere, e.g. a CPU buffer under NCCL, is copied there and back)."""
+        device = self.device
+        groups: dict[torch.dtype, list[Tensor]] = {}
         for tensor in tensors:
             if tensor.numel():
-                groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+                groups.setdefault(tensor.dtype, []).append(tensor)
         for group in groups.values():
-            if len(group) == 1 and group[0].is_contiguous():
+            if len(group) == 1 and group[0].is_contiguous() and group[0].device == device:
                 dist.all_reduce(group[0], group=self.group)
                 continue
-            flat = torch.cat([t.reshape(-1) for t in group])
+            flat = torch.cat([t.reshape(-1).to(device) for t in group])
             dist.all_reduce(flat, group=self.group)
             offset = 0
             for t in group:
@@ -162,7 +171,7 @@ class ProcessGroupComm:
         if self.world_size == 1:
             return shard.values[torch.argsort(shard.rows)]
         size = -(-shard.num_rows // self.world_size)  # the largest shard
-        values = shard.values.new_zeros((size, *shard.values.shape[1:]))
+        values = torch.zeros((size, *shard.values.shape[1:]), dtype=shard.values.dtype, device=self.device)
         values[: len(shard.rows)] = shard.values
         rows = torch.full((size,), -1, dtype=torch.int64, device=values.device)
         rows[: len(shard.rows)] = shard.rows.to(values.device)
@@ -173,10 +182,10 @@ class ProcessGroupComm:
         dist.gather(rows, all_rows, dst=0, group=self.group)
         if not root:
             return shard
-        full = values.new_zeros((shard.num_rows, *values.shape[1:]))
+        full = torch.zeros((shard.num_rows, *values.shape[1:]), dtype=values.dtype)  # checkpoints hold CPU tensors
         for part_rows, part_values in zip(all_rows, all_values):
             used = part_rows >= 0
-            full[part_rows[used]] = part_values[used]
+            full[part_rows[used].cpu()] = part_values[used].cpu()
         return full
 
 
