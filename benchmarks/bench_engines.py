@@ -7,6 +7,9 @@ Executors (identical clients, batches and number of optimizer steps):
 * ``lean``        a minimal hand-written PyTorch loop (copy global weights in, K SGD steps per client, average deltas);
 * ``sequential``  ``FedHetStrategy(engine="sequential")`` inside ``Trainer.fit``;
 * ``vmap``        ``FedHetStrategy(engine="vmap")``;
+* ``vmap compiled`` ``FedHetStrategy(engine="vmap", compile=True)``, where this version of the strategy has the option;
+* ``cohort eager`` / ``cohort compiled``  ``VmapCohort`` driven directly by a hand-written round loop (no Lightning),
+  ``compile=False`` / ``True``: the engine's own cost without Lightning's per-step loop;
 * ``central``     the centralised limit: one model, batch = cohort x batch size, the same number of optimizer steps;
 * ``flower``      Flower's simulation engine, when ``flwr[simulation]`` is installed (``pip install -e .[bench]``).
 
@@ -14,17 +17,28 @@ Tasks: B1 = synthetic LEAF logistic regression (N=100, 20 clients/round, K=5, ba
 B2 = Fashion-MNIST CNN (N=100, Dirichlet 0.5, 10 clients/round, K=5, batch 32).
 
 Time per round is measured between the end of round 1 and the end of the last round (set-up and the first,
-warm-up round excluded); the best of ``--repeats`` runs is kept. Ratios, not absolute times, are the result.
+warm-up round excluded; for compiled executors the first round holds the compilation, reported separately as
+``first_round_s``); the best of ``--repeats`` runs is kept. Ratios, not absolute times, are the result.
+
+``--memory`` measures, in a fresh process per cohort size C = 10, 100, 1,000 (B1 model, SGD with momentum, random
+inputs created beforehand and not counted), the peak resident memory added by one vmap round over the resident memory
+before it (Linux: the peak is reset through ``/proc/self/clear_refs`` after three warm-up rounds, of 1 client, or of
+C clients for the steady state of a long run; compilation and library loading are excluded).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
+import lightning.pytorch as pl
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,6 +49,7 @@ from lightning_fedhet import Dirichlet, FedAvg, FederatedDataModule, FedHetStrat
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import fashion_mnist, synthetic_leaf
 from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.engines.vmap import VmapCohort
 
 
 @dataclass
@@ -108,7 +123,41 @@ def run_lean(task: Task, rounds: int) -> float:
     return per_round(marks)
 
 
-def run_strategy(task: Task, rounds: int, engine: str) -> float:
+class _Plain(pl.LightningModule):
+    """The task's model with the lean loop's training step (no per-step logging)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+
+def run_cohort(task: Task, rounds: int, compile: bool | str) -> tuple[float, float]:
+    """``VmapCohort`` in a hand-written round loop: (s per round, seconds of the first round)."""
+    torch.manual_seed(0)
+    module = _Plain(create(task.model, **task.model_kwargs))
+    params = list(module.parameters())
+    opt = torch.optim.SGD(params, lr=task.lr)
+    x_all, y_all = task.dataset.tensors
+    global_vec = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    start = time.perf_counter()
+    marks = []
+    for cohort_plan in schedule(task, rounds):
+        torch.nn.utils.vector_to_parameters(global_vec.clone(), params)
+        clients = [c for c, _ in cohort_plan]
+        cohort = VmapCohort(module, opt, clients, np.full(len(clients), task.local_steps), compile=compile)
+        for k in range(task.local_steps):
+            index = torch.from_numpy(np.stack([batches[k] for _, batches in cohort_plan]))
+            cohort.step((x_all[index], y_all[index]), k)
+        global_vec = cohort.flat_params().mean(0)
+        marks.append(time.perf_counter())
+    return per_round(marks), marks[0] - start
+
+
+def run_strategy(task: Task, rounds: int, engine: str, **options) -> float:
     torch.manual_seed(0)
     model = Classifier(task.model, lr=task.lr, model_kwargs=task.model_kwargs)
     model.training_step = _no_log_step.__get__(model)  # same work as the lean loop: no per-step logging
@@ -118,6 +167,7 @@ def run_strategy(task: Task, rounds: int, engine: str) -> float:
         participation=UniformSample(task.clients_per_round),
         local_steps=task.local_steps,
         engine=engine,
+        **options,
     )
     clock = _RoundClock()
     trainer = Trainer(
@@ -184,31 +234,106 @@ def samples_per_round(task: Task) -> int:
     return task.clients_per_round * task.local_steps * task.batch_size
 
 
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def rss_child(clients: int, compile: bool, warm_clients: int) -> None:
+    """One process, one cohort size: print the peak resident memory a vmap round adds (B1 shapes, random data).
+
+    The warm-up rounds have ``warm_clients`` clients: 1 measures what a round of ``clients`` needs beyond a tiny
+    one; ``clients`` measures what a later round of the same size adds (allocator reuse, leaks).
+    """
+    torch.manual_seed(0)
+    module = _Plain(create("logistic_regression", in_features=60))
+    opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    steps, batch = 5, 32
+    data = [(torch.randn(clients, batch, 60), torch.randint(0, 10, (clients, batch))) for _ in range(steps)]
+
+    def one_round(size: int) -> None:
+        cohort = VmapCohort(module, opt, range(size), np.full(size, steps), compile=compile)
+        for k in range(steps):
+            cohort.step((data[k][0][:size], data[k][1][:size]), k)
+        cohort.flat_params()
+
+    for _ in range(3):  # warm-up: library loading, the allocator's first pages, compilation
+        one_round(warm_clients)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak resident set size (VmHWM)
+    before = _rss_kib("VmRSS")
+    one_round(clients)
+    peak = _rss_kib("VmHWM")
+    num_params = sum(p.numel() for p in module.parameters())
+    print(json.dumps({"clients": clients, "compile": compile, "warm_clients": warm_clients,
+                      "peak_growth_mib": (peak - before) / 1024,
+                      "stacked_params_mib": clients * num_params * 4 / 2**20,
+                      "batch_mib": steps * clients * batch * 61 * 4 / 2**20}))
+
+
+def memory_table() -> list[dict]:
+    rows = []
+    for compile, warm in ((False, "1"), (False, "same"), (True, "same")):
+        for clients in (10, 100, 1000):
+            warm_clients = str(clients) if warm == "same" else warm
+            out = subprocess.run(
+                [sys.executable, __file__, "--rss-child", str(clients), "--warm-clients", warm_clients]
+                + (["--compile"] if compile else []),
+                capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )  # fmt: skip
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if out.returncode != 0 or not lines:
+                print(out.stderr[-2000:])
+                continue
+            rows.append(json.loads(lines[-1]))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="all", choices=["B1", "B2", "all"])
+    parser.add_argument("--task", default="all", choices=["B1", "B2", "all", "none"])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
     parser.add_argument("--flower-python", default=None, help="python of an environment with flwr[simulation]")
+    parser.add_argument("--memory", action="store_true", help="peak RSS of a vmap round for C = 10, 100, 1000")
+    parser.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-clients", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_child is not None:
+        rss_child(args.rss_child, args.compile, args.warm_clients)
+        return
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}",
         "tasks": {},
     }
-    for name in ["B1", "B2"] if args.task == "all" else [args.task]:
+    strategy_compiles = "compile" in inspect.signature(FedHetStrategy.__init__).parameters
+    for name in {"all": ["B1", "B2"], "none": []}.get(args.task, [args.task]):
         task = make_task(name)
         runners = {
             "lean": lambda task=task: run_lean(task, args.rounds),
             "sequential": lambda task=task: run_strategy(task, args.rounds, "sequential"),
             "vmap": lambda task=task: run_strategy(task, args.rounds, "vmap"),
+            "cohort eager": lambda task=task: run_cohort(task, args.rounds, False),
+            "cohort compiled": lambda task=task: run_cohort(task, args.rounds, True),
             "central": lambda task=task: run_central(task, args.rounds),
         }
-        times = {}
+        if strategy_compiles:
+            runners["vmap compiled"] = lambda task=task: run_strategy(task, args.rounds, "vmap", compile=True)
+        times, first_round = {}, {}
         for _ in range(args.repeats):
             for key, runner in runners.items():  # interleaved, so load changes hit every executor alike
-                times[key] = min(times.get(key, float("inf")), runner())
+                out = runner()
+                if isinstance(out, tuple):
+                    out, first = out
+                    first_round[key] = min(first_round.get(key, float("inf")), first)
+                times[key] = min(times.get(key, float("inf")), out)
         flower = run_flower(task, args.rounds, args.flower_python)
         if flower is not None:
             times["flower"] = flower
@@ -216,14 +341,24 @@ def main() -> None:
             key: {"s_per_round": t, "rounds_per_s": 1 / t, "samples_per_s": samples_per_round(task) / t}
             for key, t in times.items()
         }
+        for key, first in first_round.items():
+            row[key]["first_round_s"] = first
         ratios = {
             "sequential/lean (time)": times["sequential"] / times["lean"],
             "vmap/lean (time)": times["vmap"] / times["lean"],
             "sequential/vmap (speed-up of vmap)": times["sequential"] / times["vmap"],
             "vmap samples/s / central samples/s": times["central"] / times["vmap"],
+            "cohort eager samples/s / central samples/s": times["central"] / times["cohort eager"],
+            "cohort compiled samples/s / central samples/s": times["central"] / times["cohort compiled"],
+            "cohort eager/cohort compiled (speed-up of compile)": times["cohort eager"] / times["cohort compiled"],
+            "sequential/cohort compiled": times["sequential"] / times["cohort compiled"],
         }
+        if "vmap compiled" in times:
+            ratios["vmap compiled samples/s / central samples/s"] = times["central"] / times["vmap compiled"]
+            ratios["sequential/vmap compiled"] = times["sequential"] / times["vmap compiled"]
         if "flower" in times:
             ratios["flower/sequential (time)"] = times["flower"] / times["sequential"]
+            ratios["flower/cohort compiled (time)"] = times["flower"] / times["cohort compiled"]
         results["tasks"][name] = {
             "per_executor": row,
             "ratios": ratios,
@@ -233,13 +368,18 @@ def main() -> None:
             f"\n{name}: {task.model}, N={len(task.client_indices)}, {task.clients_per_round} clients/round, "
             f"K={task.local_steps}, batch {task.batch_size}, {args.rounds} rounds, best of {args.repeats}"
         )
-        print(f"{'executor':<12}{'s/round':>10}{'rounds/s':>10}{'samples/s':>12}")
+        print(f"{'executor':<16}{'s/round':>10}{'rounds/s':>10}{'samples/s':>12}{'first round s':>15}")
         for key, r in row.items():
-            print(f"{key:<12}{r['s_per_round']:>10.4f}{r['rounds_per_s']:>10.1f}{r['samples_per_s']:>12.0f}")
+            first = f"{r['first_round_s']:.2f}" if "first_round_s" in r else ""
+            print(f"{key:<16}{r['s_per_round']:>10.4f}{r['rounds_per_s']:>10.1f}{r['samples_per_s']:>12.0f}{first:>15}")
         for key, value in ratios.items():
             print(f"  {key}: {value:.2f}")
         if flower is None:
             print("  flower: not available (pip install -e .[bench], or --flower-python)")
+        if not strategy_compiles:
+            print("  vmap compiled: this FedHetStrategy has no compile option; the cohort rows measure the engine")
+    if args.memory:
+        results["memory"] = memory_table()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -9,13 +9,14 @@ object is built or set up, never in the middle of a run. The same wording is use
 - ``"<name> has 2 entries but num_clients is 3; give a scalar or exactly one value per client"``;
 - ``"<name> must be an integer >= 1, got 2.5"``;
 - ``"<name> must be one of ('a', 'b'), got 'c'"``;
+- ``"<name> must be True or False, got 1"``;
 - ``"<name> must sum to 1, got sum 1.1"``.
 
 There are two families: numpy (:func:`as_float_array`, :func:`check_range`, :func:`as_prob_array`,
 :func:`per_client`, :func:`as_numpy_mask`), used by the availability processes and the system models, and torch
 (:func:`check_vector`, :func:`check_mask`, :func:`check_distribution`, :func:`check_weights`), used by the server
 rules, which keep their per-client state as ``float64`` CPU tensors. Scalars go through :func:`check_real`,
-:func:`check_int` and :func:`check_choice`.
+:func:`check_int`, :func:`check_seed`, :func:`check_bool` and :func:`check_choice`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "MAX_EXACT_INT",
     "range_text",
     "check_real",
     "check_int",
     "check_round",
+    "check_seed",
+    "check_bool",
     "check_choice",
+    "check_device",
     "check_length",
     "as_float_array",
     "check_range",
@@ -49,6 +54,10 @@ __all__ = [
 ]
 
 
+#: the largest integer :func:`as_int_array` accepts (every int up to it is exact in float64)
+MAX_EXACT_INT = 2**53
+
+
 def range_text(low: float, high: float, low_open: bool = False, high_open: bool = False) -> str:
     """The interval as text, e.g. ``range_text(0, 1, low_open=True) == "(0, 1]"``."""
     return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
@@ -58,6 +67,22 @@ def _outside(arr: np.ndarray, low: float, high: float, low_open: bool, high_open
     bad_low = arr <= low if low_open else arr < low
     bad_high = arr >= high if high_open else arr > high
     return bad_low | bad_high
+
+
+def _real_scalar(value: Any) -> Any:
+    """A real number (not a bool, not complex) as a Python or numpy scalar: numbers, numpy scalars, and
+    one-element arrays and tensors; ``None`` for anything else."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.dtype.is_complex:
+            return None
+        return value.item()
+    if isinstance(value, np.ndarray):
+        if value.size != 1 or value.dtype.kind not in "iuf":
+            return None
+        return value.reshape(-1)[0]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    return value
 
 
 def _numpy(value: Any) -> Any:
@@ -87,12 +112,13 @@ def check_real(
         ...
         ValueError: beta must lie in (0, 1], got 0.0
     """
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
-        if isinstance(value, Tensor) and value.numel() == 1 and not value.dtype == torch.bool:
-            value = value.item()
-        else:
-            raise ValueError(f"{name} must be a real number, got {value!r}")
-    v = float(value)
+    scalar = _real_scalar(value)
+    if scalar is None:
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    try:
+        v = float(scalar)
+    except OverflowError:  # an int beyond the float range
+        v = math.inf
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if _outside(np.float64(v), low, high, low_open, high_open):
@@ -103,28 +129,43 @@ def check_real(
 def check_int(value: Any, name: str, low: int = 1, high: int | None = None) -> int:
     """``value`` as a Python int in ``[low, high]`` (floats with an integral value are accepted; bools are not)."""
     bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-    if isinstance(value, (bool, np.bool_)):
+    scalar = _real_scalar(value)
+    if scalar is None:
         raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
-    try:
-        as_float = float(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}") from err
-    if not math.isfinite(as_float) or int(as_float) != as_float or int(as_float) < low:
+    if isinstance(scalar, numbers.Integral):
+        as_int = int(scalar)  # exact, however large
+    else:
+        as_float = float(scalar)
+        if not math.isfinite(as_float) or int(as_float) != as_float:
+            raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+        as_int = int(as_float)
+    if as_int < low or (high is not None and as_int > high):
         raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
-    if high is not None and int(as_float) > high:
-        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
-    return int(as_float)
+    return as_int
 
 
 def check_round(round: Any) -> int:
     """A 0-based round index as an int (``ValueError`` for negative or non-integral values)."""
+    scalar = _real_scalar(round)
     try:
-        value = float(round)
-    except (TypeError, ValueError) as err:
+        value = float(scalar)
+    except (TypeError, ValueError, OverflowError) as err:
         raise ValueError(f"round must be >= 0 (an integer), got {round!r}") from err
-    if isinstance(round, (bool, np.bool_)) or not math.isfinite(value) or int(value) != value or value < 0:
+    if not math.isfinite(value) or int(value) != value or value < 0:
         raise ValueError(f"round must be >= 0 (an integer), got {round!r}")
     return int(value)
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """A seed as a Python int ``>= 0`` (any size: it only feeds ``numpy.random.SeedSequence``)."""
+    return check_int(seed, name, 0)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` as a Python bool; only ``True``/``False`` (Python or numpy) are accepted, not 0/1 or strings."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
@@ -134,15 +175,53 @@ def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
     return value
 
 
+def check_device(value: Any, name: str) -> torch.device:
+    """``value`` (a ``torch.device`` or a name such as ``"cpu"``, ``"cuda:0"``) as a device this machine has.
+
+    CUDA devices are checked against ``torch.cuda.device_count()`` (which does not initialise CUDA); other
+    non-CPU devices by allocating an empty tensor there.
+    """
+    what = f"{name} must be a torch.device or a device name such as 'cpu' or 'cuda:0', got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, torch.device, int, np.integer)):
+        raise ValueError(what)
+    # torch keeps device indices in an int8 and wraps larger ones silently (torch.device("cuda:200") is cuda:-56)
+    if isinstance(value, (int, np.integer)):
+        value = f"cuda:{int(value)}" if 0 <= int(value) < 128 else ""
+    if isinstance(value, str) and ":" in value:
+        index = value.rsplit(":", 1)[1]
+        if not (index.isdigit() and int(index) < 128):
+            raise ValueError(what)
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(what) from err
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"{name}={value!r} but this machine has {count} CUDA device(s)")
+    elif device.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=device)
+        except Exception as err:  # torch raises RuntimeError or AssertionError for a backend it was built without
+            raise ValueError(f"{name}={value!r} is not available on this machine") from err
+    return device
+
+
 # ---------------------------------------------------------------------------------------------- numpy arrays
 def as_float_array(value: Any, name: str) -> np.ndarray:
     """``value`` (scalar, sequence, numpy array or CPU tensor) as a finite float64 array of ndim <= 1."""
     if isinstance(value, (str, bytes)) or value is None:
         raise ValueError(f"{name} must be a number or a per-client sequence of numbers, got {value!r}")
+    what = f"{name} must be a number or a per-client sequence of real numbers, got {value!r}"
     try:
-        arr = np.asarray(_numpy(value), dtype=np.float64)
+        raw = np.asarray(_numpy(value))
+        if np.iscomplexobj(raw):  # numpy would drop the imaginary part silently
+            raise ValueError(what)
+        arr = np.asarray(raw, dtype=np.float64)
+    except OverflowError as err:  # an int beyond the float range
+        raise ValueError(f"{name} must be finite, got {value!r}") from err
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be a number or a per-client sequence of numbers, got {value!r}") from err
+        raise ValueError(what) from err
     if arr.ndim > 1:
         raise ValueError(f"{name} must be a scalar or a 1-D per-client array, got shape {tuple(arr.shape)}")
     if arr.ndim == 1 and arr.size == 0:
@@ -181,9 +260,11 @@ def as_prob_array(
 
 
 def as_int_array(value: Any, name: str, low: int = 1) -> np.ndarray:
-    """``value`` (int, sequence, numpy array or tensor) as an ``int64`` array of ndim <= 1 with entries ``>= low``.
+    """``value`` (int, sequence, numpy array or tensor) as an ``int64`` array of ndim <= 1 with entries in
+    ``[low, MAX_EXACT_INT]``.
 
-    Integral floats are accepted; bools, strings and fractional values are not.
+    Integral floats are accepted; bools, strings, complex and fractional values are not. The upper bound
+    ``2**53`` keeps every entry exact through the float64 check and safe from int64 overflow.
     """
     value = _numpy(value)
     what = f"{name} must be an integer >= {low} or a per-client sequence of them, got {value!r}"
@@ -191,8 +272,10 @@ def as_int_array(value: Any, name: str, low: int = 1) -> np.ndarray:
         raise ValueError(what)
     try:
         arr = np.asarray(value)
+        if np.iscomplexobj(arr):
+            raise TypeError(what)
         num = arr.astype(np.float64)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise ValueError(what) from err
     if arr.dtype == bool or arr.ndim > 1 or (arr.ndim == 1 and arr.size == 0):
         raise ValueError(what)
@@ -201,6 +284,8 @@ def as_int_array(value: Any, name: str, low: int = 1) -> np.ndarray:
         valid = np.isfinite(flat) & (flat == np.round(flat)) & (flat >= low)
     if not np.all(valid):
         raise ValueError(f"{name} must be integers >= {low}, got {float(flat[~valid][0])!r}")
+    if np.any(flat > MAX_EXACT_INT):
+        raise ValueError(f"{name} must be integers <= 2**53, got {float(flat[flat > MAX_EXACT_INT][0])!r}")
     return num.astype(np.int64)
 
 

@@ -5,19 +5,23 @@ Shared by every Lightning adapter (one process or many), so they differ only in 
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_fedhet._checks import check_choice, check_int, check_real
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.data.datamodule import FederatedDataModule, split_dataset
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
-from lightning_fedhet.server import OPTIMIZER_STATES, Server, check_update_norm
+from lightning_fedhet.seeding import resolve_seed
+from lightning_fedhet.server import OPTIMIZER_STATES, UPDATE_NORM_ACTIONS, Server, check_update_norm
 from lightning_fedhet.system.steps import check_local_steps, local_steps_for
 
 CLIENT_WEIGHTS = ("uniform", "samples")
@@ -42,26 +46,28 @@ def check_arguments(
     When ``num_clients`` is known, per-client arguments (local-step lists, per-client probabilities of the
     participation process or the channel) are checked against it here rather than when the fit starts.
     """
-    if optimizer_state not in OPTIMIZER_STATES:
-        raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
-    if client_weights not in CLIENT_WEIGHTS:
-        raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
-    if num_clients is not None and int(num_clients) < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
+    check_choice(client_weights, "client_weights", CLIENT_WEIGHTS)
+    if num_clients is not None:
+        num_clients = check_int(num_clients, "num_clients")
     check_local_steps(local_steps)
-    if seed is not None and int(seed) < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    if seed is not None:
+        resolve_seed(seed)
     if deadline is not None and latency is None:
         raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
+    check_choice(update_norm_action, "update_norm_action", UPDATE_NORM_ACTIONS)
+    if isinstance(max_update_norm, numbers.Real) and not isinstance(max_update_norm, bool):
+        # an int beyond the float range is refused here, by name (check_update_norm would overflow converting it)
+        check_real(max_update_norm, "max_update_norm", 0.0, math.inf, low_open=True, high_open=True)
     check_update_norm(max_update_norm, update_norm_action)
     if num_clients is None:
         return
-    local_steps_for(local_steps, 0, int(num_clients), 0)
+    local_steps_for(local_steps, 0, num_clients, 0)
     # set up with the client count only to validate lengths; the fit sets them up again with the run's seed
     if participation is not None and not participation.needs_label_hist:
-        participation.setup(int(num_clients), 0)
+        participation.setup(num_clients, 0)
     if channel is not None:
-        channel.setup(int(num_clients), 0)
+        channel.setup(num_clients, 0)
 
 
 def client_streams(dataloader: object, datamodule: object, num_clients: int | None, partitioner: Any, seed: int):

@@ -1,12 +1,12 @@
 """Cooperative inference system (CIS) topologies and their serving rates (thesis ch.5, Fed-CIS).
 
-Spec: ``shared/specs/thesis_ch4_ch5_upgapl_fedcis.md`` §2.1 (rates), §2.7 (trees, partitions, serving settings).
+Serving rates follow the thesis's ch. 5 definitions (trees, partitions, serving settings of its experiments).
 
 A CIS is a tree (cloud - edge - devices). Node ``i`` holds exits ``1..E_i`` of an early-exit network (parents hold
 strictly deeper exits than their children) and, at inference time, answers with its largest exit ``E_i``.
 Requests arrive locally at rate ``lambda^l_i``; a node serves part of what it receives and forwards the rest to its
 parent at the transfer rate ``lambda^t_i``, capped by ``mu^max_i``. Offloading as much as possible is optimal
-(deeper exits are more accurate), which gives the recurrence (spec §2.1, from the leaves up)::
+(deeper exits are more accurate), which gives the recurrence (thesis ch. 5, from the leaves up)::
 
     in_i       = lambda^l_i + sum_{j child of i} lambda^t_j          (requests reaching node i)
     lambda^t_i = min(mu^max_i, in_i)        (0 for a root: it has no parent to forward to)
@@ -40,7 +40,7 @@ PARTITIONS: dict[str, tuple[float, float, float]] = {
     "highly-biased": (1536 / 45000, 8960 / 45000, 34504 / 45000),
 }
 
-# Released-code spec files, 7-node tree (spec §2.7): setting -> (leaf arrival, leaf transfer cap, mid transfer cap).
+# Released-code settings, 7-node tree (thesis ch. 5): setting -> (leaf arrival, leaf transfer cap, mid transfer cap).
 _SEVEN_NODE = {
     "80-15-5": (2.5, 0.5, 0.25),
     "60-30-10": (2.5, 1.0, 0.5),
@@ -50,7 +50,7 @@ _SEVEN_NODE = {
     "10-30-60": (2.5, 2.25, 3.0),
     "5-15-80": (2.5, 2.375, 4.0),
 }
-# 17-node tree, leaf arrival 1 (spec §2.7): the three released specs; 10-30-60 is the spec's inferred value
+# 17-node tree, leaf arrival 1: the three released settings; 10-30-60 is inferred from the thesis
 # (missing from the repository). The other settings are derived with ``from_serving`` (proportional serving).
 _SEVENTEEN_NODE = {
     "80-15-5": (1.0, 0.2, 0.15),
@@ -299,14 +299,14 @@ class CISTopology:
 
     @classmethod
     def preset(cls, tree: str = "7-node", serving: str = "80-15-5", partition: str = "equal") -> CISTopology:
-        """The thesis's topologies (spec §2.7).
+        """The thesis's topologies (ch. 5 experiments).
 
         Args:
             tree: ``"7-node"`` (4 leaves with exit 1, 2 middle nodes with exit 2, root 0 with exit 3; main
                 experiments) or ``"17-node"`` (12 leaves, 4 middle nodes, root; Table D.2).
             serving: one of :data:`SERVING_SETTINGS` (``"x-y-z"`` = % served by exits 1/2/3). 7-node: the released
                 spec values (leaf arrival 2.5, or 3 for 33-33-33, requests arrive only at leaves). 17-node: leaf
-                arrival 1; 80-15-5, 60-30-10, 45-35-20 from the released specs, 10-30-60 the spec's inferred caps
+                arrival 1; 80-15-5, 60-30-10, 45-35-20 from the released code, 10-30-60 inferred caps
                 (0.9, 1.8), the rest derived by :meth:`from_serving`.
             partition: ``"equal"``, ``"biased"`` or ``"highly-biased"`` (:data:`PARTITIONS`), the data share per
                 layer split evenly within a layer (``data_fraction``).

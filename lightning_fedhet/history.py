@@ -68,4 +68,5 @@ def round_metrics(record: dict) -> dict[str, float]:
         "round/download_bytes": float(record["download_bytes"]),
         "round/sim_time": float(record["sim_time"]),
         "round/wasted_steps": float(record["wasted_steps"]),
+        "round/memory_bytes": float(record["memory_bytes"]),
     }

@@ -35,7 +35,7 @@ from torch import Tensor
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundShares
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlan, RoundPlanner
-from lightning_fedhet.history import round_metrics, round_record
+from lightning_fedhet.history import round_record
 
 OPTIMIZER_STATES = ("reset", "persist")
 UPDATE_NORM_ACTIONS = ("reject", "clip")
@@ -124,7 +124,6 @@ class Server:
         self.next_round = 0
         self.plan: RoundPlan | None = None
         self.current_client: int | None = None
-        self.last_metrics: dict[str, float] = {}
         self._client_optimizer_states: dict[int, list[dict]] = {}
         self._received: list[int] = []
         self._rejected: list[int] = []
@@ -274,9 +273,6 @@ class Server:
             complete,
         )
         self.history.append(record)
-        self.last_metrics = round_metrics(record)
-        if plan.trained.any() and not self._received and self._rejected:
-            warnings.warn(f"round {plan.round}: every arrived update was rejected as non-finite", stacklevel=2)
         self.plan = None
         self.current_client = None
         self.next_round = plan.round + 1

@@ -13,7 +13,6 @@ the global model, and the server's state travels in Lightning's checkpoints unde
 
 from __future__ import annotations
 
-import os
 import pickle
 import warnings
 import zipfile
@@ -29,12 +28,15 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.assembly import build_server, check_arguments
+from lightning_fedhet.callbacks.round_metrics import RoundMetrics
+from lightning_fedhet.config_summary import federated_config
 from lightning_fedhet.engines.base import Engine
 from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
+from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import Server
 
 ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
@@ -59,6 +61,7 @@ class FederatedStrategyMixin:
         num_clients: int | None,
         partitioner: Any,
         engine: str,
+        compile: bool | str,
         seed: int | None,
         optimizer_state: str,
         client_weights: str,
@@ -100,16 +103,19 @@ class FederatedStrategyMixin:
         self.update_norm_action = update_norm_action
         self.server: Server | None = None
         self.flat: FlatModel | None = None
-        self._engine: Engine = ENGINES[engine]()
+        self.compile = compile
+        self._engine: Engine = ENGINES[engine](compile=compile)
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ public state
     @property
     def seed(self) -> int:
         """The seed of every draw: the explicit one, else Lightning's global seed, else 0."""
-        if self.seed_argument is not None:
-            return int(self.seed_argument)
-        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return resolve_seed(self.seed_argument)
+
+    def federated_config(self) -> dict:
+        """The federated experiment as a flat, JSON-able dict (logged as every logger's hyper-parameters)."""
+        return federated_config(self)
 
     @property
     def history(self) -> list[dict]:
@@ -145,8 +151,11 @@ class FederatedStrategyMixin:
             )
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _RoundHooks) for c in trainer.callbacks):
-            # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round.
+            # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round; the round's
+            # metrics are published right after it (callback metrics, loggers, the federated config).
             trainer.callbacks.insert(0, _RoundHooks(self))
+            if not any(isinstance(c, RoundMetrics) for c in trainer.callbacks):
+                trainer.callbacks.insert(1, RoundMetrics())
 
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer
@@ -252,6 +261,9 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
         engine: ``"sequential"`` (one client at a time through Lightning's loop, any module) or ``"vmap"`` (the
             round's cohort in lock-step with ``torch.func``).
+        compile: ``engine="vmap"`` only: ``True`` compiles the cohort step with ``torch.compile``,
+            ``"reduce-overhead"`` adds CUDA graphs on a GPU; a model that cannot be compiled falls back to the
+            eager cohort with one warning (see docs/performance.md for when it pays).
         seed: seed of every random draw (participation, selection, channel, data order); ``None`` takes
             Lightning's global seed (``seed_everything``), else 0.
         optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
@@ -289,6 +301,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         num_clients: int | None = None,
         partitioner: Any = None,
         engine: str = "sequential",
+        compile: bool | str = False,
         seed: int | None = None,
         optimizer_state: str = "reset",
         client_weights: str = "uniform",
@@ -313,6 +326,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
             num_clients=num_clients,
             partitioner=partitioner,
             engine=engine,
+            compile=compile,
             seed=seed,
             optimizer_state=optimizer_state,
             client_weights=client_weights,
@@ -353,14 +367,6 @@ class _RoundHooks(Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.strategy.end_partial_round()
-        server = self.strategy.server
-        # Straight to every attached logger, as Lightning's own logger connector does at epoch end:
-        # going through LightningModule.log costs ~1 ms per metric on a CPU, ten times a round.
-        if server is None or not server.last_metrics or not trainer.loggers:
-            return
-        record = {**server.last_metrics, "epoch": trainer.current_epoch}
-        for logger in trainer.loggers:
-            logger.log_metrics(record, step=trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.strategy.end_partial_round()

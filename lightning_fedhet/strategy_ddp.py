@@ -79,6 +79,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         num_clients: int | None = None,
         partitioner: Any = None,
         engine: str = "sequential",
+        compile: bool | str = False,
         seed: int | None = None,
         optimizer_state: str = "reset",
         client_weights: str = "uniform",
@@ -122,6 +123,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             num_clients=num_clients,
             partitioner=partitioner,
             engine=engine,
+            compile=compile,
             seed=seed,
             optimizer_state=optimizer_state,
             client_weights=client_weights,
@@ -135,7 +137,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             )
         self.placement = placement
         self.comm = ProcessGroupComm()
-        self._engine: ShardedEngine = SHARDED_ENGINES[engine](self.comm)
+        self._engine: ShardedEngine = SHARDED_ENGINES[engine](self.comm, compile=compile)
         self._shared_seed: int | None = None
 
     # ------------------------------------------------------------------ public state
@@ -170,7 +172,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         trainer = self.lightning_module.trainer
         fitting = trainer.state.fn == TrainerFn.FITTING and trainer.state.stage == RunningStage.TRAINING
         if fitting and (self.server is None or self._pending_state is not None):
-            self._engine = SHARDED_ENGINES[self.engine](self.comm, self._placement())
+            self._engine = SHARDED_ENGINES[self.engine](self.comm, self._placement(), compile=self.compile)
         return super().process_dataloader(dataloader)
 
     def _placement(self) -> str:

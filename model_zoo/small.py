@@ -9,7 +9,7 @@ from .registry import register
 
 
 class MnistCNN(nn.Module):
-    """Two 3x3 conv layers + two linear layers for 28x28 grey images (FedStale spec's ``MnistCNN``).
+    """Two 3x3 conv layers + two linear layers for 28x28 grey images (the FedStale code's ``MnistCNN``).
 
     conv(1->32, 3, pad 1)-ReLU-maxpool2 -> conv(32->64, 3, pad 1)-ReLU-maxpool2 -> FC(64*7*7->128)-ReLU
     -> FC(128->num_classes). Input ``[B, in_channels, 28, 28]``, output logits ``[B, num_classes]``.
@@ -17,7 +17,7 @@ class MnistCNN(nn.Module):
     Args:
         num_classes: output classes.
         in_channels: input channels.
-        width: channels of the first conv (the second has ``2*width``); 32 as in the spec.
+        width: channels of the first conv (the second has ``2*width``); 32 as in the FedStale code.
         hidden: width of the hidden linear layer.
     """
 

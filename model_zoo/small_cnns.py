@@ -16,7 +16,7 @@ __all__ = ["FedAUCNN", "LeNet5", "AcarCNN", "MLP"]
 
 
 class FedAUCNN(nn.Module):
-    """FedAU / FedACS CNN (FedAU spec §4.4, FedACS spec Table 3).
+    """FedAU / FedACS CNN (FedAU paper §4.4, FedACS paper Table 3).
 
     Trunk: ``Conv(in->32, k3, s1, p1)-ReLU-MaxPool2-Conv(32->32, k3, p1)-ReLU-MaxPool2-Flatten`` (2048 features for
     32x32 inputs), then for each hidden width ``h``: ``[Dropout(p)]-Linear(h)-ReLU``, then
@@ -75,7 +75,7 @@ class FedAUCNN(nn.Module):
 
 
 class LeNet5(nn.Module):
-    """LeNet-5 as in the FedAST spec (Fashion-MNIST, §4.1).
+    """LeNet-5 as in the FedAST paper (Fashion-MNIST, §4.1).
 
     ``Conv(in->6, k5)-ReLU-MaxPool2-Conv(6->16, k5)-ReLU-MaxPool2-Flatten(256)-Linear(120)-ReLU-Linear(84)-ReLU
     -Linear(num_classes)[-ReLU]``. FedAST's code applies a ReLU after every layer **including the output**
@@ -106,7 +106,7 @@ class LeNet5(nn.Module):
 
 
 class AcarCNN(nn.Module):
-    """CIFAR-10 CNN of Acar et al. (2021) used by FedAST (spec §4.1).
+    """CIFAR-10 CNN of Acar et al. (2021) used by FedAST (paper §4.1).
 
     ``Conv(in->64, k5)-ReLU-MaxPool2-Conv(64->64, k5)-ReLU-MaxPool2-Flatten(1600)-Linear(384)-ReLU-Linear(192)-ReLU
     -Linear(num_classes)``. Input ``[B, in_channels, 32, 32]``, output ``[B, num_classes]``.

@@ -1,10 +1,10 @@
 """FedACS vs FedAvg, c-a-FedAvg, FedVARP, FedNova, FedAU and OS under static and dynamic system heterogeneity.
 
-Reduced-scale reproduction of the FedACS paper's DNN experiments (spec ``shared/specs/fedacs.md`` §4-5, Tables 1
+Reduced-scale reproduction of the FedACS paper's DNN experiments (Tables 1
 and 4, Figs. 6 and 9): M = 20 clients, K = 6 draws per round (fraction 0.3), non-IID Fashion-MNIST (the paper:
 MNIST, CIFAR-10, CINIC-10), on a class-balanced subset of the training set and a small model.
 
-System heterogeneity (spec §4.3), ``q_m`` = probability that client m's **upload fails** (P(success) = 1 - q_m):
+System heterogeneity (the paper's §4.3), ``q_m`` = probability that client m's **upload fails** (P(success) = 1 - q_m):
 
 - static: client m (0-based) runs ``T_m = 2m + 1`` local steps (1, 3, ..., 39) and its upload succeeds with
   probability ``1 - q_m = 0.60 + 0.02 m`` (0.60, ..., 0.98); index-aligned pairing (weak compute = weak link);

@@ -1,4 +1,4 @@
-"""Reproduce FedAU's Table 1 (Wang & Ji; spec shared/specs/fedau.md §4-5), scaled down to a 2-core CPU.
+"""Reproduce FedAU's Table 1 (Wang & Ji), scaled down to a 2-core CPU.
 
 Heterogeneous, label-correlated participation (``LabelCorrelated``: ``p_n = C mu <kappa_n, q>``, ``q ~ Dir(alpha_p)``,
 floor 0.02) under three patterns with the same stationary ``p_n``: Bernoulli, Markov (FedAU's ``markov-0.05``) and
@@ -6,7 +6,7 @@ cyclic. Methods: FedAU (K=50), "average participating", "average all", FedVARP, 
 statistics" (FedAvg ÷ p_n). Data: Fashion-MNIST, partitioned as FedAU's released code does (per client
 ``Dir(alpha_d)`` class proportions, every class split in proportion to them).
 
-Paper setting -> this script's default (see docs/results/issue4.md):
+Paper setting -> this script's default (see docs/results/fedau_fedstale_upgapl.md):
 
 =============================== ============================== ===============================================
 knob                            paper                          here (default)

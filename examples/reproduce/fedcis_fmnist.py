@@ -28,7 +28,7 @@ seeds              9, 42, 67                                           ``--seeds
 ================== =================================================== ==============================================
 
 Everything else follows the thesis: 7-node tree (4 leaves with exit 1, 2 middle nodes with exit 2, root with exit
-3), requests only at the leaves with the released spec's rates, equal data partition (1/3 of the data per layer,
+3), requests only at the leaves with the released code's rates, equal data partition (1/3 of the data per layer,
 split evenly inside a layer, IID), full participation, every node trains its largest exit (p = 0), CIS accuracy
 by normalised-entropy serving (``CISAccuracy``).
 

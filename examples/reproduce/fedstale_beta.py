@@ -1,4 +1,4 @@
-"""Reproduce FedStale's β trade-off (Rodio & Neglia 2024; spec shared/specs/fedstale.md §4-5), scaled to a 2-core CPU.
+"""Reproduce FedStale's β trade-off (Rodio & Neglia 2024), scaled to a 2-core CPU.
 
 N = 24 clients in two participation groups (``TwoGroup``: half always on, half with ``p_min``), Bernoulli draws,
 known ``p_i``; ``FedStale(beta)`` for ``beta`` in {0, 0.25, 0.5, 0.75, 1} (0 = unbiased FedAvg, 1 = FedVARP) at a
@@ -17,7 +17,7 @@ Data heterogeneity (``--split``):
   objective); ``--hets`` are the alphas (default ``100 0.1``: near-IID and strongly skewed); accuracy on a
   plain test subset (``clients * test_per_client`` images).
 
-Paper setting -> this script's default (see docs/results/issue4.md):
+Paper setting -> this script's default (see docs/results/fedau_fedstale_upgapl.md):
 
 ======================= ==================================== ===========================================
 knob                    paper                                here (default)
@@ -26,7 +26,7 @@ dataset / model         MNIST, CIFAR-10; CNNs                Fashion-MNIST subse
 N, groups               24, two groups (sizes unstated)      24, 12 always on + 12 with p_min
 p_min                   0.5 ... 0.002 (8 values)             0.1 (p_avg/p_min = 5.5), ``--p-min`` list
 sigma (label swap)      0, 0.2, ..., 1.0                     0.0 and 1.0; or ``--split dirichlet`` with
-                                                             alpha 100 / 0.1 (the run in issue4.md)
+                                                             alpha 100 / 0.1 (the run in fedau_fedstale_upgapl.md)
 beta                    0, 0.2, 0.5, 0.8, 1                  0, 0.25, 0.5, 0.75, 1
 K, batch                5, 128                               5, 64
 client lr               grid 1e-2 ... 1e-4, tuned            0.05 for all beta (not tuned)

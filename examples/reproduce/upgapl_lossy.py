@@ -1,5 +1,4 @@
-"""Reproduce the lossy-uplink experiment of the thesis's ch. 4 (UPGA-PL; spec
-shared/specs/thesis_ch4_ch5_upgapl_fedcis.md §1.8-1.9) on Synthetic LEAF.
+"""Reproduce the lossy-uplink experiment of the thesis's ch. 4 (UPGA-PL, §4.6) on Synthetic LEAF.
 
 N = 10 clients in two groups (random halves per seed) whose uploads are lost with probability q = 0.1 and q = 0.9
 (independently per round, ``LossyChannel(uplink=q_i)``). Rules: UPGA-PL (pseudo-gradients ÷ (1 - q_i), known q),
@@ -7,7 +6,7 @@ DMA-PL (average of the received models, renormalised), UDMA-PL (received models 
 as the reference, lossless FedAvg (``sum_i alpha_i delta_i`` with every upload arriving). ``alpha_i = |D_i|/|D|``
 as in the thesis. Model: multinomial logistic regression with ridge 5e-4 (SGD weight decay).
 
-Thesis setting -> this script's default (see docs/results/issue4.md):
+Thesis setting -> this script's default (see docs/results/fedau_fedstale_upgapl.md):
 
 ==================== ============================================ ==============================================
 knob                 thesis                                       here (default)

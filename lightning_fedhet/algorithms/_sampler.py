@@ -131,13 +131,14 @@ class WithReplacementSampler(Algorithm):
         self.unavailable = check_choice(unavailable, "unavailable", UNAVAILABLE)
         self.server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True)
         self.estimator_name = check_choice(estimator, "estimator", ESTIMATORS)
-        check_local_solver(momentum, prox_mu, local_lr)
+        # numbers first, so that the combined check below compares floats
+        self.momentum = check_real(momentum, "momentum", 0.0, 1.0, high_open=True)
+        self.prox_mu = check_real(prox_mu, "prox_mu", 0.0)
+        self.local_lr = None if local_lr is None else check_real(local_lr, "local_lr", 0.0, low_open=True)
+        check_local_solver(self.momentum, self.prox_mu, self.local_lr)
         self.min_success = check_real(min_success, "min_success", 0.0, 1.0, low_open=True)
-        self.estimator = SystemEstimator(ema) if estimator == "ema" else None
-        self.ema = float(ema)
-        self.momentum = float(momentum)
-        self.prox_mu = float(prox_mu)
-        self.local_lr = None if local_lr is None else float(local_lr)
+        self.ema = check_real(ema, "ema (the estimator's rate)", 0.0, 1.0, low_open=True)
+        self.estimator = SystemEstimator(self.ema) if estimator == "ema" else None
         self._prox = self.prox_mu * self.local_lr if self.prox_mu > 0 else 0.0
         self.last_probabilities: Tensor | None = None
         self.last_counts: Tensor | None = None

@@ -23,6 +23,7 @@ default, so a rule overrides only what it uses.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import check_vector
+from lightning_fedhet._checks import check_int, check_round, check_vector, check_weights
 
 
 @dataclass
@@ -64,6 +65,16 @@ class RoundContext:
     success_probs: Tensor | None = None
     local_steps: Tensor | None = None
 
+    def __post_init__(self) -> None:
+        self.round = check_round(self.round)
+        self.num_clients = check_int(self.num_clients, "num_clients")
+        for name in ("available", "selected", "received"):
+            mask = getattr(self, name)
+            if not isinstance(mask, Tensor) or tuple(mask.shape) != (self.num_clients,):
+                got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+                raise ValueError(f"{name} must be a tensor of shape ({self.num_clients},) (one entry per client), "
+                                 f"got {got}")
+
 
 @dataclass
 class ClientInfo:
@@ -78,6 +89,17 @@ class ClientInfo:
     num_samples: int
     local_steps: int
     loss: float = float("nan")
+
+    def __post_init__(self) -> None:
+        self.num_samples = check_int(self.num_samples, "num_samples", 0)
+        self.local_steps = check_int(self.local_steps, "local_steps", 0)
+        if isinstance(self.loss, (bool, np.bool_)) or not isinstance(self.loss, (numbers.Real, Tensor)):
+            raise ValueError(f"loss must be a real number (nan if not reported), got {self.loss!r}")
+        if isinstance(self.loss, Tensor):
+            if self.loss.numel() != 1 or self.loss.dtype.is_complex or self.loss.dtype == torch.bool:
+                raise ValueError(f"loss must be a real number (nan if not reported), got {self.loss!r}")
+            self.loss = self.loss.item()
+        self.loss = float(self.loss)
 
 
 @dataclass
@@ -171,26 +193,28 @@ class Algorithm:
             client_sizes: ``|D_i|``, the number of training samples each client holds, integers ``>= 0`` of
                 shape ``[N]`` (stored as int64 ``self.client_sizes``), or ``None`` when unknown.
         """
-        if int(num_clients) < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        if init_params.dim() != 1:
-            raise ValueError(f"init_params must be a flat vector of shape [d], got shape {tuple(init_params.shape)}")
-        self.num_clients = int(num_clients)
-        self.params = init_params.detach().clone()
+        num_clients = check_int(num_clients, "num_clients")
+        if not isinstance(init_params, Tensor) or init_params.dim() != 1:
+            got = f"shape {tuple(init_params.shape)}" if isinstance(init_params, Tensor) else type(init_params).__name__
+            raise ValueError(f"init_params must be a flat tensor of shape [d], got {got}")
         if client_weights is None:
-            client_weights = torch.full((self.num_clients,), 1.0 / self.num_clients, dtype=torch.float64)
-        client_weights = torch.as_tensor(client_weights, dtype=torch.float64).flatten()
-        if client_weights.numel() != self.num_clients:
-            raise ValueError(
-                f"client_weights must have num_clients={self.num_clients} entries, got {client_weights.numel()}"
-            )
-        if (client_weights < 0).any() or not torch.isfinite(client_weights).all() or client_weights.sum() <= 0:
-            raise ValueError("client_weights must be finite, non-negative and not all zero")
-        self.client_weights = client_weights / client_weights.sum()
+            client_weights = torch.full((num_clients,), 1.0 / num_clients, dtype=torch.float64)
+        else:
+            client_weights = check_weights(client_weights, "client_weights")
+            if client_weights.numel() != num_clients:
+                raise ValueError(f"client_weights must have num_clients={num_clients} entries, got "
+                                 f"{client_weights.numel()}")
+        self.num_clients = num_clients
+        self.params = init_params.detach().clone()
+        self.client_weights = client_weights
         self.client_sizes = None if client_sizes is None else self._check_sizes(client_sizes)
 
     def _check_sizes(self, client_sizes) -> Tensor:
-        sizes = torch.as_tensor(client_sizes)
+        try:
+            raw = client_sizes.detach() if isinstance(client_sizes, Tensor) else np.asarray(client_sizes)
+            sizes = torch.as_tensor(raw)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+            raise ValueError(f"client_sizes must be integers |D_i| >= 0, one per client, got {client_sizes!r}") from err
         if sizes.is_floating_point():
             if not torch.isfinite(sizes).all() or (sizes != sizes.round()).any():
                 raise ValueError(f"client_sizes must be whole numbers |D_i| >= 0, got {sizes.flatten().tolist()}")

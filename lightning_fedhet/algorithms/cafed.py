@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import check_choice, check_length, check_real, check_round, check_vector
+from lightning_fedhet._checks import check_bool, check_choice, check_length, check_real, check_round, check_vector
 from lightning_fedhet.algorithms._availability import AvailabilityRule
 from lightning_fedhet.algorithms.adafed import PI_SOURCES, AdaFed
 from lightning_fedhet.algorithms.availability_estimators import MarkovAvailabilityEstimator
@@ -206,7 +206,7 @@ class CAFed(AvailabilityRule):
         self.tau = check_real(tau, "tau", 0.0)
         self.beta = check_real(beta, "beta", 0.0, 1.0, low_open=True)
         self.bias_factor = check_real(bias_factor, "bias_factor", 0.0)
-        self.strict = bool(strict)
+        self.strict = check_bool(strict, "strict")
         self.loss_source = check_choice(loss_source, "loss_source", LOSS_SOURCES)
         self._pi_oracle = None if pi is None else check_vector(pi, "pi", 0.0, 1.0, low_open=True)
         self._lam_oracle = None if lam is None else check_vector(lam, "lam", -1.0, 1.0)

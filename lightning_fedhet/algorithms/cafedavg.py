@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from lightning_fedhet._checks import check_bool
 from lightning_fedhet.algorithms._sampler import WithReplacementSampler
 from lightning_fedhet.algorithms.base import RoundContext
 from lightning_fedhet.algorithms.calibration import lr_scalings
@@ -43,7 +44,7 @@ class CAFedAvg(WithReplacementSampler):
         min_success: float = 1e-6,
     ) -> None:
         super().__init__(K, unavailable, server_lr, estimator, ema, momentum, prox_mu, local_lr, min_success)
-        self.calibrate = bool(calibrate)
+        self.calibrate = check_bool(calibrate, "calibrate")
 
     def hparams(self) -> dict:
         out = super().hparams()

@@ -77,7 +77,7 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import check_distribution, check_length, check_vector, check_weights
+from lightning_fedhet._checks import check_bool, check_distribution, check_length, check_vector, check_weights
 from lightning_fedhet.algorithms._sampler import ESTIMATORS, UNAVAILABLE, SystemEstimator, WithReplacementSampler
 from lightning_fedhet.algorithms.cafedavg import CAFedAvg
 from lightning_fedhet.algorithms.calibration import lr_scalings
@@ -217,7 +217,7 @@ class FedACS(WithReplacementSampler):
     ) -> None:
         super().__init__(K, unavailable, server_lr, estimator, ema, momentum, prox_mu, local_lr, min_success)
         self._omega_given = None if omega is None else check_distribution(omega, "omega")
-        self.calibrate = bool(calibrate)
+        self.calibrate = check_bool(calibrate, "calibrate")
 
     def hparams(self) -> dict:
         out = super().hparams()

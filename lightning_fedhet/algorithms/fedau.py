@@ -35,11 +35,13 @@ interval.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
@@ -163,8 +165,7 @@ class FedAU(Algorithm):
 
     def __init__(self, K: int | None = 50, server_lr: float = 1.0) -> None:
         super().__init__()
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
         self.estimator = IntervalEstimator(K)
         self.K = self.estimator.K
         self.server_lr = float(server_lr)

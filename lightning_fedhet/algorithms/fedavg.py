@@ -30,8 +30,11 @@ delta_i / p_i] = sum_i alpha_i delta_i``, the full-participation step, whose fix
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
@@ -61,10 +64,8 @@ class FedAvg(Algorithm):
 
     def __init__(self, weighting: str = "participating", server_lr: float = 1.0) -> None:
         super().__init__()
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        check_choice(weighting, "weighting", WEIGHTINGS)
+        server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
         self.weighting = weighting
         self.server_lr = float(server_lr)
         self._sum: WeightedSum | None = None

@@ -198,22 +198,24 @@ def _check_p_matrix(p, topology: CISTopology) -> Tensor:
 
 
 def exit_masks(module: nn.Module, exit_modules: Sequence[Sequence[nn.Module]]) -> Tensor:
-    """bool ``[E, d]``: which coordinates of ``module``'s flat vector belong to each exit's sub-model.
+    """bool ``[E, d]``: which parameters of ``module``'s flat parameter vector belong to each exit's sub-model.
 
-    The flat vector is :class:`~lightning_fedhet.flat.FlatModel`'s (parameters in ``module.parameters()`` order, then
-    floating buffers), the one the server aggregates. ``exit_modules[e]`` lists the modules exit ``e + 1`` uses:
-    for an :class:`~lightning_fedhet.model_zoo.EarlyExitNet` ``net``, the released code's sub-model is
+    The vector is the one the rule aggregates: :class:`~lightning_fedhet.flat.FlatModel`'s parameter part, in
+    ``module.parameters()`` order, ``d = num_parameters`` (the server averages floating buffers such as BatchNorm
+    statistics itself). ``exit_modules[e]`` lists the modules exit ``e + 1`` uses: for an
+    :class:`~lightning_fedhet.model_zoo.EarlyExitNet` ``net``, the released code's sub-model is
     ``list(net.blocks[: net.exit_blocks[e]]) + [net.heads[e]]`` (the blocks up to the exit and that exit's head).
-    Every parameter and floating buffer of those modules is marked.
+    Every parameter of those modules is marked.
     """
     flat = FlatModel(module)
-    masks = torch.zeros(len(exit_modules), flat.dim, dtype=torch.bool)
+    masks = torch.zeros(len(exit_modules), flat.num_parameters, dtype=torch.bool)
     starts = torch.tensor([0, *flat.numels]).cumsum(0).tolist()
-    position = {id(t): (starts[k], starts[k + 1]) for k, t in enumerate(flat.tensors)}
+    parameters = flat.tensors[: len(list(module.parameters()))]
+    position = {id(t): (starts[k], starts[k + 1]) for k, t in enumerate(parameters)}
     for e, mods in enumerate(exit_modules):
         for m in mods:
-            for t in (*m.parameters(), *m.buffers()):
-                if id(t) in position:  # integer buffers (num_batches_tracked) are not in the vector
+            for t in m.parameters():
+                if id(t) in position:
                     lo, hi = position[id(t)]
                     masks[e, lo:hi] = True
         if not masks[e].any():

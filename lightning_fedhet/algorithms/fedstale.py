@@ -39,10 +39,12 @@ keeps the running total ``H = sum_j alpha_j h_j`` (fp64, on the parameters' devi
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import check_real
+from lightning_fedhet._checks import check_choice, check_device, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares, ShardedRows
 from lightning_fedhet.algorithms.fedau import IntervalEstimator
@@ -73,7 +75,7 @@ class StaleMemory:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"memory_dtype must be a floating-point torch.dtype (e.g. torch.float32), got {dtype!r}")
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = check_device(device, "memory_device")
         self.data: Tensor | None = None
         self.total: Tensor | None = None
         self.weights: Tensor | None = None
@@ -214,12 +216,9 @@ class FedStale(Algorithm):
     ) -> None:
         super().__init__()
         self.beta = check_real(beta, "beta", 0.0, 1.0)
-        if weighting not in STALE_WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {STALE_WEIGHTINGS}, got {weighting!r}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if empty_round not in EMPTY_ROUNDS:
-            raise ValueError(f"empty_round must be one of {EMPTY_ROUNDS}, got {empty_round!r}")
+        check_choice(weighting, "weighting", STALE_WEIGHTINGS)
+        server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
+        check_choice(empty_round, "empty_round", EMPTY_ROUNDS)
         self.weighting = weighting
         self.server_lr = float(server_lr)
         self.empty_round = empty_round
@@ -227,10 +226,10 @@ class FedStale(Algorithm):
         if isinstance(p_source, IntervalEstimator):
             self.estimator = p_source
             self.p_source = "fedau"
-        elif p_source == "fedau":
+        elif isinstance(p_source, str) and p_source == "fedau":
             self.estimator = IntervalEstimator(fedau_K)
             self.p_source = "fedau"
-        elif p_source == "known":
+        elif isinstance(p_source, str) and p_source == "known":
             self.p_source = "known"
         else:
             raise ValueError(f"p_source must be 'known', 'fedau' or an IntervalEstimator, got {p_source!r}")

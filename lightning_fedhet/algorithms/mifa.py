@@ -21,9 +21,12 @@ FedVARP/FedStale, MIFA applies fresh updates as stored, i.e. rounded to ``memory
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice, check_real
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.algorithms.fedstale import EMPTY_ROUNDS, StaleMemory
 
@@ -59,10 +62,8 @@ class MIFA(Algorithm):
         empty_round: str = "stale",
     ) -> None:
         super().__init__()
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if empty_round not in EMPTY_ROUNDS:
-            raise ValueError(f"empty_round must be one of {EMPTY_ROUNDS}, got {empty_round!r}")
+        server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
+        check_choice(empty_round, "empty_round", EMPTY_ROUNDS)
         self.server_lr = float(server_lr)
         self.empty_round = empty_round
         self.memory = StaleMemory(memory_dtype, memory_device)

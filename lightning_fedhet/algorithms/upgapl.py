@@ -40,12 +40,14 @@ UPGA-PL and DMA-PL keep ``w_t`` when nobody arrives.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice, check_real, check_vector
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
@@ -100,10 +102,7 @@ class _LossyAggregator(Algorithm):
             if q == "estimate":
                 self.estimator = SuccessEstimator()
         else:
-            fixed = torch.as_tensor(q, dtype=torch.float64).flatten()
-            if fixed.numel() == 0 or not torch.isfinite(fixed).all() or (fixed < 0).any() or (fixed >= 1).any():
-                raise ValueError(f"q (loss probabilities) must lie in [0, 1) for every client, got {q!r}")
-            self._fixed_q = fixed
+            self._fixed_q = check_vector(q, "q (loss probabilities)", 0.0, 1.0, high_open=True).flatten()
             self.q = "fixed"
         self._sum: WeightedSum | None = None
         self._success: Tensor | None = None
@@ -204,8 +203,7 @@ class UPGAPL(_LossyAggregator):
 
     def __init__(self, q: str | Sequence[float] | Tensor = "known", server_lr: float = 1.0) -> None:
         super().__init__(q)
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
         self.server_lr = float(server_lr)
 
     def hparams(self) -> dict:
@@ -248,8 +246,7 @@ class UDMAPL(_LossyAggregator):
 
     def __init__(self, q: str | Sequence[float] | Tensor = "known", empty_round: str = "zero") -> None:
         super().__init__(q)
-        if empty_round not in ("zero", "keep"):
-            raise ValueError(f"empty_round must be 'zero' or 'keep', got {empty_round!r}")
+        check_choice(empty_round, "empty_round", ("zero", "keep"))
         self.empty_round = empty_round
         self._warned = False
 

@@ -7,9 +7,12 @@ functions of ``(labels, num_clients, seed)``.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
-from lightning_fedhet._checks import check_int, check_real
+import numpy as np
+import torch
+
+from lightning_fedhet._checks import MAX_EXACT_INT, check_int, check_real, check_seed
 from lightning_fedhet.seeding import PartitionKey, Stream, generator
 
 
@@ -18,6 +21,29 @@ def _check_num_clients(num_clients: int, num_samples: int) -> int:
     if num_clients > num_samples:
         raise ValueError(f"num_clients={num_clients} exceeds the number of samples ({num_samples})")
     return int(num_clients)
+
+
+def _check_labels(labels: Any, flatten: bool = True) -> np.ndarray:
+    """``labels`` (sequence, numpy array or tensor) as a non-empty array of finite real class labels, flattened
+    unless ``flatten=False`` (then one row per sample)."""
+    what = f"labels must be a non-empty 1-D array of class labels (numbers), got {type(labels).__name__}"
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    if labels is None or isinstance(labels, (str, bytes)):
+        raise ValueError(what)
+    try:
+        arr = np.asarray(labels)
+    except (TypeError, ValueError) as err:  # ragged nested sequences
+        raise ValueError(what) from err
+    if arr.ndim == 0:
+        raise ValueError(what)
+    if flatten:
+        arr = arr.reshape(-1)
+    if arr.size == 0 or arr.dtype.kind not in "biuf":
+        raise ValueError(what)
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise ValueError("labels must be finite")
+    return arr
 
 
 class Partitioner:
@@ -39,9 +65,9 @@ class IID(Partitioner):
     needs_labels = False
 
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
-        n = len(labels)
+        n = _check_labels(labels, flatten=False).shape[0]  # only the number of samples (rows) matters here
         num_clients = _check_num_clients(num_clients, n)
-        perm = generator(seed, Stream.PARTITION).permutation(n)
+        perm = generator(check_seed(seed), Stream.PARTITION).permutation(n)
         return [np.sort(part).astype(np.int64) for part in np.array_split(perm, num_clients)]
 
 
@@ -67,8 +93,9 @@ class Dirichlet(Partitioner):
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
         if labels is None:
             raise ValueError("Dirichlet partitioner needs labels: the dataset exposes none (targets/labels)")
-        labels = np.asarray(labels).reshape(-1)
+        labels = _check_labels(labels)
         num_clients = _check_num_clients(num_clients, len(labels))
+        seed = check_seed(seed)
         if num_clients * self.min_samples > len(labels):
             raise ValueError(
                 f"min_samples={self.min_samples} x num_clients={num_clients} exceeds {len(labels)} samples"
@@ -87,7 +114,7 @@ class Dirichlet(Partitioner):
             out = [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
             if min(len(o) for o in out) >= self.min_samples:
                 return out
-        raise RuntimeError(
+        raise ValueError(
             f"Dirichlet(alpha={self.alpha}) gave a client with < {self.min_samples} samples in {self.max_tries} "
             "draws; lower min_samples or num_clients, or raise alpha"
         )
@@ -110,8 +137,9 @@ class Shards(Partitioner):
         self.classes_per_client = check_int(classes_per_client, "classes_per_client")
 
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
-        labels = np.asarray(labels).reshape(-1)
+        labels = _check_labels(labels)
         num_clients = _check_num_clients(num_clients, len(labels))
+        seed = check_seed(seed)
         classes = np.unique(labels)
         c = self.classes_per_client
         if c > len(classes):
@@ -156,21 +184,48 @@ class LabelSwap(Partitioner):
         base: Partitioner | None = None,
         swap_clients: list[int] | None = None,
     ) -> None:
-        fraction = check_real(fraction, "fraction", 0.0, 1.0)
-        pairs = tuple(tuple(int(v) for v in p) for p in pairs)
-        if not pairs or any(len(p) != 2 or p[0] == p[1] for p in pairs):
-            raise ValueError(f"pairs must be a non-empty list of two distinct labels each, got {pairs}")
-        self.fraction = float(fraction)
-        self.pairs = pairs
+        self.fraction = check_real(fraction, "fraction", 0.0, 1.0)
+        self.pairs = self._check_pairs(pairs)
+        if base is not None and not isinstance(base, Partitioner):
+            raise TypeError(f"base must be a Partitioner (IID(), Dirichlet(alpha), ...), got {type(base).__name__}")
         self.base = base if base is not None else IID()
-        self.swap_clients = None if swap_clients is None else [int(c) for c in swap_clients]
+        self.swap_clients = None if swap_clients is None else self._check_clients(swap_clients)
+
+    @staticmethod
+    def _check_pairs(pairs: Any) -> tuple[tuple[int, int], ...]:
+        what = f"pairs must be a non-empty list of two distinct labels (integers >= 0) each, got {pairs!r}"
+        try:
+            if isinstance(pairs, (str, bytes)):
+                raise TypeError(what)
+            items = [tuple(p) for p in pairs]
+        except TypeError as err:  # not a sequence of sequences
+            raise ValueError(what) from err
+        if not items or any(len(p) != 2 for p in items):
+            raise ValueError(what)
+        checked = tuple((check_int(a, "pairs", 0, MAX_EXACT_INT), check_int(b, "pairs", 0, MAX_EXACT_INT))
+                        for a, b in items)
+        if any(a == b for a, b in checked):
+            raise ValueError(what)
+        return checked
+
+    @staticmethod
+    def _check_clients(swap_clients: Any) -> list[int]:
+        try:
+            if isinstance(swap_clients, (str, bytes)):
+                raise TypeError
+            ids = list(swap_clients)
+        except TypeError as err:
+            raise ValueError(f"swap_clients must be None or a list of client ids (integers >= 0), got "
+                             f"{swap_clients!r}") from err
+        return [check_int(c, "swap_clients", 0) for c in ids]
 
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
         return self.base.split(labels, num_clients, seed)
 
     def swapped_labels(self, labels: np.ndarray, client_indices: list[np.ndarray], seed: int = 0) -> np.ndarray:
         """A copy of ``labels`` with each swapping client's pair swapped on ``fraction`` of its samples."""
-        labels = np.asarray(labels).copy()
+        labels = _check_labels(labels).copy()
+        seed = check_seed(seed)
         original = labels.copy()
         clients = range(len(client_indices)) if self.swap_clients is None else self.swap_clients
         for i in clients:
@@ -178,7 +233,9 @@ class LabelSwap(Partitioner):
                 raise ValueError(f"swap_clients holds {i}, outside [0, {len(client_indices)})")
             a, b = self.pairs[i % len(self.pairs)]
             rng = generator(seed, Stream.PARTITION, PartitionKey.LABEL_SWAP, i)
-            own = np.asarray(client_indices[i])
+            own = np.asarray(client_indices[i]).reshape(-1)
+            if own.size and (own.dtype.kind not in "iu" or own.min() < 0 or own.max() >= len(labels)):
+                raise ValueError(f"client_indices[{i}] must hold integer indices in [0, {len(labels)})")
             for src, dst in ((a, b), (b, a)):
                 members = own[original[own] == src]
                 chosen = rng.choice(members, size=int(len(members) * self.fraction), replace=False)

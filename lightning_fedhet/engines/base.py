@@ -45,8 +45,13 @@ class Engine:
     name = "base"
     #: whether the engine can restore each client's own optimizer state (``optimizer_state="persist"``)
     keeps_client_optimizer_state = True
+    #: whether the engine takes ``compile=`` (a compiled step)
+    supports_compile = False
 
-    def __init__(self) -> None:
+    def __init__(self, compile: bool | str = False) -> None:
+        if compile and not self.supports_compile:
+            raise ValueError(f"compile={compile!r} is not supported by engine={self.name!r}; use engine='vmap'")
+        self.compile = compile
         self.module: pl.LightningModule | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.server: Server | None = None

@@ -22,8 +22,8 @@ class SequentialEngine(Engine):
 
     name = "sequential"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, compile: bool | str = False) -> None:
+        super().__init__(compile)
         self._losses: list[torch.Tensor] = []
 
     def _round_batches(self, plan: RoundPlan) -> Iterator:

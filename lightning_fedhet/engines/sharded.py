@@ -134,14 +134,15 @@ class ShardedEngine(Engine):
     Args:
         comm: the process group's collectives.
         placement: ``"balanced"`` or ``"by_client"`` (see :mod:`lightning_fedhet.distributed`).
+        compile: passed to the inner engine (``engine="vmap"`` only).
     """
 
     #: whether a real step trains the LightningModule's own parameters with the user's optimizer (the vmap engine
     #: steps its own stacked copies instead, so Lightning's optimizer step must not run)
     trains_module: ClassVar[bool] = True
 
-    def __init__(self, comm: ProcessGroupComm, placement: str = "balanced") -> None:
-        super().__init__()
+    def __init__(self, comm: ProcessGroupComm, placement: str = "balanced", compile: bool | str = False) -> None:
+        super().__init__(compile)
         self.comm = comm
         self.placement = placement
         self.padding = False

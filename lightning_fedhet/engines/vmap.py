@@ -6,8 +6,14 @@ batches ``[C, B, ...]``, followed by one step of the user's optimizer class on t
 the supported optimizers (SGD, Adam, AdamW, RMSprop, Adagrad) update every element independently, stepping
 the stacked tensors is the same as stepping each client's copy with its own state; their one scalar per
 tensor (Adam's step count) is shared, which is exact because every client still training has taken the same
-number of steps. Clients with fewer local steps than the round's maximum are masked: after each step their
-rows (parameters and optimizer state) are put back, so they stay at their last real step.
+number of steps. Clients with fewer local steps than the round's maximum are masked so that they stay at their
+last real step: uncompiled, their rows (parameters and optimizer state) are put back after each step; compiled
+(``compile=True``, see ``_compiled.py``), the update is ``torch.where(active, new, old)`` inside the graph, which
+is exact and needs no copies. Multiplying the gradients of finished clients by zero would not be exact: weight
+decay and momentum still move the parameters, and Adam's moments still decay.
+
+Each cohort sums its clients' training losses as a tensor (:meth:`VmapCohort.mean_losses`), so an engine can read
+them once per round instead of converting a value per client per step.
 
 Limits (each raises :class:`VmapUnsupported` naming the cause and the ``engine="sequential"`` fallback):
 modules with running statistics (BatchNorm), optimizers whose state is not elementwise (LBFGS, ...),
@@ -20,14 +26,26 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
 
 from lightning_fedhet.data.streams import stack_batches  # noqa: F401  (re-exported: its earlier home)
+from lightning_fedhet.engines._compiled import (
+    COMPILE_MODES,
+    CompiledEntry,
+    LogCollector,
+    StepModule,
+    VmapUnsupported,
+    compiled_entry,
+    make_grad_step,
+    make_loss,
+    step_scalars,
+    update_rules,
+)
 from lightning_fedhet.engines.base import Engine
 from lightning_fedhet.federation import RoundPlan
 
@@ -38,13 +56,6 @@ ELEMENTWISE_OPTIMIZERS = (
     torch.optim.RMSprop,
     torch.optim.Adagrad,
 )
-
-
-class VmapUnsupported(RuntimeError):
-    """The model, optimizer or configuration cannot run under ``engine="vmap"``."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(f"engine='vmap' cannot run this: {cause}. Use engine='sequential' instead.")
 
 
 def check_vmap_support(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -61,34 +72,6 @@ def check_vmap_support(module: nn.Module, optimizer: torch.optim.Optimizer) -> N
         )
 
 
-class _TrainingStep(nn.Module):
-    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs."""
-
-    def __init__(self, lightning_module: nn.Module) -> None:
-        super().__init__()
-        self.lm = lightning_module
-
-    def forward(self, batch, batch_idx: int):
-        return self.lm.training_step(batch, batch_idx)
-
-
-class _LogCollector:
-    """Stands in for ``LightningModule.log`` during a vmapped step: records names and per-client values."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.values: list[Tensor] = []
-        self.kwargs: list[dict] = []
-
-    def __call__(self, name: str, value, *args, **kwargs) -> None:
-        self.names.append(name)
-        self.values.append(torch.as_tensor(value, dtype=torch.float32))
-        self.kwargs.append(kwargs)
-
-    def clear(self) -> None:
-        self.names, self.values, self.kwargs = [], [], []
-
-
 class VmapCohort:
     """One round's cohort, trained in lock-step.
 
@@ -97,40 +80,81 @@ class VmapCohort:
         optimizer: the user's optimizer (class, hyper-parameters and current learning rates are copied).
         clients: the cohort's client ids (length ``C``).
         local_steps: steps each client runs, int ``[C]``.
+        compile: ``False`` (default) runs the step eagerly. ``True`` (= ``"default"``) or a ``torch.compile`` mode
+            (``"reduce-overhead"`` for CUDA graphs, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``) compiles
+            it. For SGD and Adam/AdamW the gradient, the optimizer update and the masking of finished clients are
+            one compiled graph; other optimizers compile the gradient and keep ``torch.optim``'s step. Compiled
+            graphs are cached per module and optimizer configuration, so later rounds reuse them. ``torch.func``
+            graphs cannot have a dynamic cohort size, so a compiled cohort is padded to a bucket size (a multiple
+            of 8 up to 64, then of 1/8 of the power of two below ``C``) with inactive rows: one compilation per
+            bucket, not per size. If ``torch.compile`` fails for this model, the step runs uncompiled and one
+            ``RuntimeWarning`` names the cause. Dropout draws differ from the uncompiled path (inductor has its
+            own random-number generator).
     """
 
     def __init__(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, clients: Sequence[int], local_steps: np.ndarray
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clients: Sequence[int],
+        local_steps: np.ndarray,
+        *,
+        compile: bool | str = False,
     ) -> None:
         check_vmap_support(module, optimizer)
+        self.mode = _compile_mode(compile)
         self.module = module
         self.clients = list(clients)
         self.local_steps = torch.as_tensor(np.asarray(local_steps), dtype=torch.int64)
-        self.step_module = _TrainingStep(module)
         self.names = [name for name, _ in module.named_parameters()]
         size = len(self.clients)
+        # stacked rows: the cohort, padded to a bucket size when compiled (see ``compile``)
+        self._rows = padded_size(size) if self.mode is not None else size
+        self.trainable = {name: p.requires_grad for name, p in module.named_parameters()}
         self.params = {
             name: p.detach().unsqueeze(0).repeat(size, *([1] * p.dim())).requires_grad_(p.requires_grad)
             for name, p in module.named_parameters()
         }
         self.buffers = {name: b for name, b in module.named_buffers()}
+        first = next(iter(self.params.values()))
+        device, dtype = first.device, first.dtype
         by_id = {id(p): name for name, p in module.named_parameters()}
-        groups = []
-        for group in optimizer.param_groups:
-            hyper = {k: v for k, v in group.items() if k != "params"}
-            groups.append({"params": [self.params[by_id[id(p)]] for p in group["params"]], **hyper})
-        self.optimizer = type(optimizer)(groups)
-        self.logs = _LogCollector()
+        self._source_optimizer, self._by_id = optimizer, by_id
+        self.optimizer: torch.optim.Optimizer | None = None
+        max_steps = int(self.local_steps.max()) if size else 0
+        # [K, rows]: which clients take local step k (a finished client's rows, and padding rows, must not move)
+        steps = torch.cat([self.local_steps, self.local_steps.new_zeros(self._rows - size)])
+        self._active = (steps.unsqueeze(0) > torch.arange(max_steps).unsqueeze(1)).to(device)
+        self._loss_sum = torch.zeros(self._rows, dtype=torch.float32, device=device)
+        self._steps_taken = 0
+        self._fused: CompiledEntry | None = None
+        self._grad_entry: CompiledEntry | None = None
+        rules = update_rules(optimizer, by_id) if self.mode is not None else None
+        if self.mode is not None and rules is not None:
+            self._fused = compiled_entry(module, rules, self.mode)
+            self._rules = rules
+            self._scalars = step_scalars(optimizer, rules, max(max_steps, 1)).to(device=device, dtype=dtype)
+            self._state = {
+                name: tuple(torch.zeros_like(p) for _ in range(rules[name].num_state)) if name in rules else ()
+                for name, p in self.params.items()
+            }
+            self.params = {name: _pad_rows(p.detach(), self._rows) for name, p in self.params.items()}
+            self._state = {name: tuple(_pad_rows(t, self._rows) for t in ts) for name, ts in self._state.items()}
+            if self._fused.failed is not None:
+                self._leave_fused()
+        elif self.mode is not None:
+            self._grad_entry = compiled_entry(module, None, self.mode)
+        if self._fused is None:
+            self.optimizer = self._stacked_optimizer()
+        self._collector = LogCollector()
+        self._eager_grad = make_grad_step(make_loss(StepModule(module), self._collector))
 
-    def _loss(self, params: dict[str, Tensor], batch, batch_idx: int):
-        self.logs.clear()
-        state = {f"lm.{k}": v for k, v in params.items()}
-        state.update({f"lm.{k}": v for k, v in self.buffers.items()})
-        out = functional_call(self.step_module, state, (batch, batch_idx))
-        loss = out["loss"] if isinstance(out, dict) else out
-        if not isinstance(loss, Tensor):
-            raise VmapUnsupported("training_step must return the loss tensor (or a dict with 'loss')")
-        return loss, tuple(self.logs.values)
+    def _stacked_optimizer(self) -> torch.optim.Optimizer:
+        groups = []
+        for group in self._source_optimizer.param_groups:
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            groups.append({"params": [self.params[self._by_id[id(p)]] for p in group["params"]], **hyper})
+        return type(self._source_optimizer)(groups)
 
     def step(self, batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Run local step ``step`` for every client whose ``local_steps > step``.
@@ -142,31 +166,107 @@ class VmapCohort:
         Returns:
             per-client losses ``[C]`` and the per-client values ``[C]`` of every ``self.log`` call.
         """
-        active = self.local_steps > step
+        if step < self._active.shape[0]:
+            active = self._active[step]
+        else:
+            active = torch.zeros_like(self._loss_sum, dtype=torch.bool)
+        if self._fused is not None:
+            graphs = self.mode in _CUDA_GRAPH_MODES and self._loss_sum.is_cuda
+            try:
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                with _logging_to(self.module, self._fused.collector), _recompile_budget():
+                    out = self._fused.fn(
+                        self.params,
+                        self.buffers,
+                        self._state,
+                        _pad_batch(batch, self._rows),
+                        step,
+                        active,
+                        self._scalars[min(step, self._scalars.shape[0] - 1)],
+                        self._loss_sum,
+                    )
+            except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the eager step
+                _warn_compile_failed(self._fused, err)
+                self._leave_fused()
+            else:
+                if graphs:
+                    # the next replay overwrites a CUDA graph's outputs: keep copies (O(C d), cheap on a GPU)
+                    out = _clone_tree(out)
+                self.params, self._state, self._loss_sum, losses, logged = out
+                self._steps_taken = step + 1
+                size = len(self.clients)
+                return losses[:size], {k: v[:size] for k, v in logged.items()}
+        return self._eager_step(batch, step, active[: len(self.clients)])
+
+    def _eager_step(self, batch, step: int, active: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         frozen = (~active).nonzero().flatten()
-        saved = None
-        if frozen.numel():
-            saved = self._snapshot(frozen)
-        original_log = self.module.log
-        self.module.log = self.logs
-        try:
-            compute = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, None), randomness="different")
-            params = {k: v.detach() for k, v in self.params.items()}
-            grads, (losses, values) = compute(params, batch, step)
-        except VmapUnsupported:
-            raise
-        except RuntimeError as err:
-            raise VmapUnsupported(f"torch.func could not transform training_step ({err})") from err
-        finally:
-            self.module.log = original_log
+        saved = self._snapshot(frozen) if frozen.numel() else None
+        grads = losses = values = None
+        if self._grad_entry is not None and self._grad_entry.failed is None:
+            size, rows = len(self.clients), self._rows
+            graphs = self.mode in _CUDA_GRAPH_MODES and self._loss_sum.is_cuda
+            try:
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                padded = {k: _pad_rows(v, rows) for k, v in self._detached().items()}
+                with _logging_to(self.module, self._grad_entry.collector), _recompile_budget():
+                    out = self._grad_entry.fn(padded, self.buffers, _pad_batch(batch, rows), step)
+                if graphs:
+                    out = _clone_tree(out)
+                grads, (losses, values) = _slice_tree(out, size)
+            except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the eager gradient
+                _warn_compile_failed(self._grad_entry, err)
+                grads = None
+        if grads is None:
+            try:
+                with _logging_to(self.module, self._collector):
+                    grads, (losses, values) = self._eager_grad(self._detached(), self.buffers, batch, step)
+            except VmapUnsupported:
+                raise
+            except RuntimeError as err:
+                raise VmapUnsupported(f"torch.func could not transform training_step ({err})") from err
         for name, p in self.params.items():
             p.grad = grads[name] if p.requires_grad else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if saved is not None:
             self._restore(frozen, saved)
-        logged = {name: value for name, value in zip(self.logs.names, values)}
-        return losses.detach(), logged
+        losses = losses.detach()
+        self._loss_sum[: len(self.clients)] += torch.where(active, losses.to(self._loss_sum.dtype), 0)
+        self._steps_taken = step + 1
+        return losses, {name: value.detach() for name, value in values.items()}
+
+    def _detached(self) -> dict[str, Tensor]:
+        return {k: v.detach() for k, v in self.params.items()}
+
+    def _leave_fused(self) -> None:
+        """Continue on the eager path: ``torch.optim`` takes over the fused step's parameters and state."""
+        size = len(self.clients)
+        self._rows = size
+        self._active, self._loss_sum = self._active[:, :size], self._loss_sum[:size].clone()
+        self._state = {name: tuple(t[:size].clone() for t in ts) for name, ts in self._state.items()}
+        self.params = {
+            name: p.detach()[:size].clone().requires_grad_(self.trainable[name]) for name, p in self.params.items()
+        }
+        self.optimizer = self._stacked_optimizer()
+        if self._steps_taken:
+            for name, p in self.params.items():
+                state = self._state[name]
+                if not state:
+                    continue
+                if self._rules[name].kind == "sgd":
+                    self.optimizer.state[p] = {"momentum_buffer": state[0]}
+                else:
+                    step = torch.tensor(float(self._steps_taken))
+                    self.optimizer.state[p] = {"step": step, "exp_avg": state[0], "exp_avg_sq": state[1]}
+        self._fused = None
+
+    def mean_losses(self) -> Tensor:
+        """Each client's mean training loss over the local steps it took, ``[C]`` (NaN for a client with none)."""
+        taken = torch.clamp(self.local_steps.to(self._loss_sum.device), max=self._steps_taken)
+        loss_sum = self._loss_sum[: len(self.clients)]
+        return torch.where(taken > 0, loss_sum / taken.clamp(min=1), torch.nan)
 
     def _snapshot(self, rows: Tensor) -> dict:
         state = {name: p.detach()[rows].clone() for name, p in self.params.items()}
@@ -187,7 +287,100 @@ class VmapCohort:
     def flat_params(self) -> Tensor:
         """Each client's parameters flattened in ``named_parameters`` order: ``[C, num_parameters]``."""
         size = len(self.clients)
-        return torch.cat([self.params[n].detach().reshape(size, -1) for n in self.names], dim=1)
+        return torch.cat([self.params[n].detach()[:size].reshape(size, -1) for n in self.names], dim=1)
+
+
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def padded_size(size: int) -> int:
+    """The bucket a compiled cohort of ``size`` clients is padded to (at most 7 rows, or 12.5 %, of padding)."""
+    step = max(8, 2 ** (max(size, 1).bit_length() - 4))
+    return -(-size // step) * step
+
+
+def _pad_rows(t: Tensor, rows: int) -> Tensor:
+    """``t`` with its leading dimension padded to ``rows`` by repeating row 0 (padding rows are never active)."""
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t[:1].expand(rows - t.shape[0], *t.shape[1:])])
+
+
+def _pad_batch(batch, rows: int):
+    if isinstance(batch, Tensor):
+        return _pad_rows(batch, rows)
+    if isinstance(batch, dict):
+        return {k: _pad_batch(v, rows) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_pad_batch(v, rows) for v in batch)
+    return batch
+
+
+def _slice_tree(tree, size: int):
+    if isinstance(tree, Tensor):
+        return tree[:size]
+    if isinstance(tree, dict):
+        return {k: _slice_tree(v, size) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_slice_tree(v, size) for v in tree)
+    return tree
+
+
+def _clone_tree(tree):
+    if isinstance(tree, Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {k: _clone_tree(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_clone_tree(v) for v in tree)
+    return tree
+
+
+@contextmanager
+def _recompile_budget():
+    """Room for one compilation per cohort-size bucket (and per optimizer configuration) of a long run.
+
+    Dynamo stops compiling a function after ``recompile_limit`` variants and then runs it eagerly; the compiled
+    step legitimately has one variant per bucket, so the limit is raised for its calls only.
+    """
+    config = torch._dynamo.config
+    name = "recompile_limit" if "recompile_limit" in dir(config) else "cache_size_limit"
+    with config.patch(**{name: max(64, getattr(config, name))}):
+        yield
+
+
+def _compile_mode(compile: bool | str) -> str | None:
+    if compile is False:
+        return None
+    if compile is True:
+        return "default"
+    if isinstance(compile, str) and compile in COMPILE_MODES:
+        return compile
+    raise ValueError(f"compile must be False, True or one of {COMPILE_MODES}, got {compile!r}")
+
+
+@contextmanager
+def _logging_to(module: nn.Module, collector: LogCollector):
+    """Route ``module.log`` to ``collector`` for the duration of a vmapped step."""
+    original = module.log
+    module.log = collector
+    try:
+        yield
+    finally:
+        module.log = original
+
+
+def _warn_compile_failed(entry: CompiledEntry, err: Exception) -> None:
+    """Record the failure on the cached entry (so no later round retries) and warn once."""
+    if entry.failed is not None:
+        return
+    cause = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:400]
+    entry.failed = cause
+    warnings.warn(
+        f"torch.compile could not compile the vmap cohort step ({cause}); running it uncompiled",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 class VmapEngine(Engine):
@@ -201,12 +394,13 @@ class VmapEngine(Engine):
 
     name = "vmap"
     keeps_client_optimizer_state = False
+    supports_compile = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, compile: bool | str = False) -> None:
+        _compile_mode(compile)  # validate now, before any work
+        super().__init__(compile)
         self.cohorts: list[VmapCohort] = []
         self.configs: list[dict] = []
-        self._loss_sums: list[Tensor] = []
         self._max_steps = 0
 
     def setup(self, module, optimizers, server, flat, to_device) -> None:
@@ -241,9 +435,9 @@ class VmapEngine(Engine):
         for key in keys:
             self.apply_config(configs[key])
             clients = groups[key]
-            self.cohorts.append(VmapCohort(self.module, self.optimizers[0], clients, plan.local_steps[clients]))
+            steps = plan.local_steps[clients]
+            self.cohorts.append(VmapCohort(self.module, self.optimizers[0], clients, steps, compile=self.compile))
             self.configs.append(configs[key])
-        self._loss_sums = [torch.zeros(len(c.clients)) for c in self.cohorts]
         self._max_steps = int(plan.local_steps.max()) if plan.trained_ids else 0
 
     def _round_batches(self, plan: RoundPlan) -> Iterator:
@@ -269,7 +463,6 @@ class VmapEngine(Engine):
             self.apply_config(self.configs[i])
             losses, logged = cohort.step(group_batch, self.step)
             active = cohort.local_steps > self.step
-            self._loss_sums[i] += torch.where(active, losses.detach().float().cpu(), 0.0)
             for name, values in logged.items():
                 logs.setdefault(name, []).append(values[active])
         for name, chunks in logs.items():
@@ -287,9 +480,9 @@ class VmapEngine(Engine):
         server = self.server
         vector = server.global_vector
         num_parameters = self.flat.num_parameters
-        for cohort, loss_sum in zip(self.cohorts, self._loss_sums):
+        for cohort in self.cohorts:
             deltas = cohort.flat_params().to(vector) - vector[:num_parameters]
-            mean_losses = (loss_sum / cohort.local_steps.clamp(min=1)).tolist()
+            mean_losses = cohort.mean_losses().tolist()  # one host sync per cohort, not per step
             for i, client in enumerate(cohort.clients):
                 delta = vector.new_zeros(vector.shape)
                 delta[:num_parameters] = deltas[i]

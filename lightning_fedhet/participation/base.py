@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import check_int, check_round
+from lightning_fedhet._checks import check_int, check_round, check_seed
 from lightning_fedhet.seeding import Stream, generator
 
 
@@ -31,7 +31,7 @@ class Participation:
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
         self.num_clients = check_int(num_clients, "num_clients")
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
 
     def _check_setup(self) -> None:
         if self.num_clients < 1:

@@ -11,6 +11,8 @@ from lightning_fedhet.participation._process import ProbabilityProcess, fmt_spec
 from lightning_fedhet.participation.recipes import Recipe, check_prob_spec, resolve_probs
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 
+MAX_PERIOD = 10**9
+
 
 class Cyclic(ProbabilityProcess):
     """Each client is on for ``active`` consecutive rounds, then off for ``inactive`` rounds, and repeats.
@@ -39,14 +41,15 @@ class Cyclic(ProbabilityProcess):
     round in ``O(N)``.
 
     Args:
-        period: nominal cycle length in rounds, integer ``>= 1`` (FedAU: 100).
+        period: nominal cycle length in rounds, integer in ``[1, 10**9]`` (FedAU: 100).
         p: target participation probability in ``[0, 1]``: scalar, per-client sequence or recipe.
         offset: ``"uniform"`` or ``"inactive"``.
     """
 
     def __init__(self, period: int, p: Any, offset: str = "uniform") -> None:
         super().__init__()
-        self.period = check_int(period, "period")
+        # bounded so that block lengths and phases stay exact int64 arithmetic (a billion rounds is longer than any run)
+        self.period = check_int(period, "period", 1, MAX_PERIOD)
         self._p_spec = check_prob_spec(p, "p")
         if isinstance(self._p_spec, Recipe) and self._p_spec.returns_lam:
             raise ValueError(f"p={self._p_spec!r} also fixes Markov correlations (lam); use Markov(p=...) with it")

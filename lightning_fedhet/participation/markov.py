@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -107,7 +108,8 @@ class Markov(ProbabilityProcess):
         bad = np.flatnonzero((a > 1.0) | (b > 1.0))
         if bad.size:
             pi, li = float(p[bad[0]]), float(lam[bad[0]])
-            low = max(1.0 - 1.0 / pi, 1.0 - 1.0 / (1.0 - pi))  # 0 < pi < 1 here, else a, b <= 1
+            # pi = 0 or 1 fails only for lam < 0 (then P(on->off) or P(off->on) = 1 - lam > 1): the bound is 0
+            low = max(1.0 - 1.0 / pi if pi > 0 else -math.inf, 1.0 - 1.0 / (1.0 - pi) if pi < 1 else -math.inf)
             raise ValueError(f"Markov(p, lam): infeasible pair p={pi:g}, lam={li:g}; P(off->on) = p(1-lam) and "
                              f"P(on->off) = (1-p)(1-lam) must lie in [0, 1], so for this p lam must lie in "
                              f"[{low:g}, 1)")

@@ -26,8 +26,9 @@ import warnings
 from typing import Any
 
 import numpy as np
+import torch
 
-from lightning_fedhet._checks import as_float_array, as_prob_array, check_choice, check_range, per_client
+from lightning_fedhet._checks import as_prob_array, check_bool, check_choice, check_real, per_client
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 
 
@@ -69,10 +70,9 @@ class LabelCorrelated(Recipe):
     needs_label_hist = True
 
     def __init__(self, mean: float = 0.1, floor: float = 0.02, alpha: float = 0.1) -> None:
-        self.mean = float(check_range(as_float_array(mean, "mean"), "mean", 0.0, 1.0, low_open=True))
-        self.floor = float(as_prob_array(floor, "floor"))
-        self.alpha = float(check_range(as_float_array(alpha, "alpha"), "alpha", 0.0, np.inf, low_open=True,
-                                       high_open=True))
+        self.mean = check_real(mean, "mean", 0.0, 1.0, low_open=True)
+        self.floor = check_real(floor, "floor", 0.0, 1.0)
+        self.alpha = check_real(alpha, "alpha", 0.0, np.inf, low_open=True, high_open=True)
 
     def affinity(self, num_classes: int, seed: int) -> np.ndarray:
         """The shared class-affinity vector ``q`` (float64 ``[C]``, sums to 1) for this seed."""
@@ -80,8 +80,14 @@ class LabelCorrelated(Recipe):
 
     def probabilities(self, label_hist: np.ndarray, seed: int) -> np.ndarray:
         """Per-client participation probabilities (float64 ``[N]``) from label histograms ``[N, C]``."""
-        hist = np.asarray(label_hist.detach().cpu().numpy() if hasattr(label_hist, "detach") else label_hist,
-                          dtype=np.float64)
+        raw = label_hist.detach().cpu().numpy() if isinstance(label_hist, torch.Tensor) else label_hist
+        try:
+            if isinstance(raw, (str, bytes)) or np.iscomplexobj(raw):
+                raise TypeError
+            hist = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ValueError(f"label_hist must be a [num_clients, num_classes] array of label counts, got "
+                             f"{type(label_hist).__name__}") from err
         if hist.ndim != 2 or hist.shape[0] < 1 or hist.shape[1] < 1:
             raise ValueError(f"label_hist must have shape [num_clients, num_classes], got {tuple(hist.shape)}")
         if not np.all(np.isfinite(hist)) or np.any(hist < 0):
@@ -129,10 +135,10 @@ class TwoGroup(Recipe):
     """
 
     def __init__(self, p_min: float, p_max: float = 1.0, low_fraction: float = 0.5, shuffle: bool = True) -> None:
-        self.p_min = float(as_prob_array(p_min, "p_min"))
-        self.p_max = float(as_prob_array(p_max, "p_max"))
-        self.low_fraction = float(as_prob_array(low_fraction, "low_fraction"))
-        self.shuffle = bool(shuffle)
+        self.p_min = check_real(p_min, "p_min", 0.0, 1.0)
+        self.p_max = check_real(p_max, "p_max", 0.0, 1.0)
+        self.low_fraction = check_real(low_fraction, "low_fraction", 0.0, 1.0)
+        self.shuffle = check_bool(shuffle, "shuffle")
 
     def low_group(self, num_clients: int, seed: int) -> np.ndarray:
         """Bool mask ``[N]`` of the low-participation group (the same one :meth:`resolve` uses)."""
@@ -185,11 +191,11 @@ class CAFedClasses(Recipe):
 
     def __init__(self, g: float = 0.4, nu: float = 0.9, eps: float = 0.01, composition: str = "thesis",
                  shuffle: bool = True) -> None:
-        self.g = float(check_range(as_float_array(g, "g"), "g", 0.0, 0.5, low_open=True, high_open=True))
-        self.nu = float(check_range(as_float_array(nu, "nu"), "nu", -1.0, 1.0, low_open=True, high_open=True))
-        self.eps = float(check_range(as_float_array(eps, "eps"), "eps", 0.0, np.inf, high_open=True))
+        self.g = check_real(g, "g", 0.0, 0.5, low_open=True, high_open=True)
+        self.nu = check_real(nu, "nu", -1.0, 1.0, low_open=True, high_open=True)
+        self.eps = check_real(eps, "eps", 0.0, np.inf, high_open=True)
         self.composition = check_choice(composition, "composition", ("thesis", "code"))
-        self.shuffle = bool(shuffle)
+        self.shuffle = check_bool(shuffle, "shuffle")
 
     def classes(self, num_clients: int, seed: int) -> np.ndarray:
         """Class id of each client (int64 ``[N]``): 0 more/correlated, 1 more/weak, 2 less/correlated, 3 less/weak."""

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import as_numpy_mask, as_prob_array, check_int, check_round, per_client
+from lightning_fedhet._checks import as_numpy_mask, as_prob_array, check_int, check_round, check_seed, per_client
 from lightning_fedhet.seeding import Stream, generator
 
 
@@ -50,7 +50,7 @@ class LossyChannel:
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
         self.num_clients = check_int(num_clients, "num_clients")
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self.q_up = self._resolve(self._q_up_spec, 0, "uplink")
         self.q_down = self._resolve(self._q_down_spec, 0, "downlink")
 
@@ -143,13 +143,16 @@ class UniformLoss(LossDistribution):
     def __init__(self, low: Any, high: Any) -> None:
         self.low = as_prob_array(low, "low", high_open=True)
         self.high = as_prob_array(high, "high", high_open=True)
-        if np.any(np.asarray(self.low) > np.asarray(self.high)):
+        if self.low.ndim == self.high.ndim == 1 and self.low.shape != self.high.shape:
+            raise ValueError(f"low and high have different lengths ({self.low.shape[0]} and {self.high.shape[0]})")
+        if np.any(self.low > self.high):
             raise ValueError(f"low must be <= high, got low={low}, high={high}")
 
     def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
+        num_clients = check_int(num_clients, "num_clients")
         low = per_client(self.low, num_clients, "low")
         high = per_client(self.high, num_clients, "high")
-        return generator(seed, Stream.LOSS_RATES, int(round)).uniform(low, high)
+        return generator(check_seed(seed), Stream.LOSS_RATES, check_round(round)).uniform(low, high)
 
     def __repr__(self) -> str:
         return f"UniformLoss(low={self.low!r}, high={self.high!r})"

@@ -29,6 +29,7 @@ from lightning_fedhet._checks import (
     check_range,
     check_real,
     check_round,
+    check_seed,
 )
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
 from lightning_fedhet.system.steps import local_steps_for
@@ -86,7 +87,7 @@ class ShiftedExponential:
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
         self.num_clients = check_int(num_clients, "num_clients")
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         bounds = np.rint(np.cumsum(self.group_fractions) * self.num_clients).astype(np.int64)
         bounds[-1] = self.num_clients
         sorted_groups = np.searchsorted(bounds, np.arange(self.num_clients), side="right")

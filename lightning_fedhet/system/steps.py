@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fedhet._checks import as_int_array, check_int, check_length, check_round
+from lightning_fedhet._checks import MAX_EXACT_INT, as_int_array, check_int, check_length, check_round, check_seed
 from lightning_fedhet.seeding import Stream, generator
 
 
@@ -35,8 +35,7 @@ class StepDistribution:
 
     @staticmethod
     def _rng(round: int, seed: int) -> np.random.Generator:
-        check_round(round)
-        return generator(seed, Stream.LOCAL_STEPS, int(round))
+        return generator(check_seed(seed), Stream.LOCAL_STEPS, check_round(round))
 
 
 class UniformSteps(StepDistribution):
@@ -59,6 +58,7 @@ class UniformSteps(StepDistribution):
             raise ValueError(f"local_steps high must be >= low, got low={self.low.tolist()}, high={self.high.tolist()}")
 
     def _bounds(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        num_clients = check_int(num_clients, "num_clients")
         low, high = np.broadcast_arrays(self.low, self.high)
         if low.ndim == 1 and low.shape[0] != num_clients:
             raise ValueError(f"local_steps bounds have {low.shape[0]} entries but num_clients is {num_clients}")
@@ -66,11 +66,11 @@ class UniformSteps(StepDistribution):
 
     def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
         low, high = self._bounds(num_clients)
-        return self._rng(round, seed).integers(low, high, endpoint=True, size=num_clients, dtype=np.int64)
+        return self._rng(round, seed).integers(low, high, endpoint=True, size=low.shape[0], dtype=np.int64)
 
     def expected(self, num_clients: int) -> np.ndarray:
         low, high = self._bounds(num_clients)
-        return (low + high) / 2.0
+        return (low.astype(np.float64) + high) / 2.0
 
     def __repr__(self) -> str:
         def fmt(a: np.ndarray) -> str:
@@ -93,14 +93,21 @@ class TwoGroupSteps(UniformSteps):
     """
 
     def __init__(self, first: tuple[int, int] = (1, 10), second: tuple[int, int] = (20, 30)) -> None:
-        if len(first) != 2 or len(second) != 2:
-            raise ValueError(f"first and second must be (low, high) pairs, got {first!r} and {second!r}")
-        self._first = UniformSteps(*first)
-        self._second = UniformSteps(*second)
-        self.first = (int(self._first.low), int(self._first.high))
-        self.second = (int(self._second.low), int(self._second.high))
+        self.first = self._range(first, "first")
+        self.second = self._range(second, "second")
+
+    @staticmethod
+    def _range(value: Any, name: str) -> tuple[int, int]:
+        bounds = as_int_array(value, name)
+        if bounds.shape != (2,):
+            raise ValueError(f"{name} must be a (low, high) pair of integers >= 1, got {value!r}")
+        low, high = int(bounds[0]), int(bounds[1])
+        if high < low:
+            raise ValueError(f"{name} must be a (low, high) pair with high >= low, got {value!r}")
+        return low, high
 
     def _bounds(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        num_clients = check_int(num_clients, "num_clients")
         first = np.arange(num_clients) < num_clients // 2
         low = np.where(first, self.first[0], self.second[0]).astype(np.int64)
         high = np.where(first, self.first[1], self.second[1]).astype(np.int64)
@@ -115,8 +122,10 @@ def check_local_steps(spec: Any) -> Any:
     if isinstance(spec, StepDistribution):
         return spec
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        check_int(spec, "local_steps")
-        return int(spec)
+        steps = check_int(spec, "local_steps")
+        if steps > MAX_EXACT_INT:
+            raise ValueError(f"local_steps must be an integer <= 2**53, got {spec!r}")
+        return steps
     return as_int_array(spec, "local_steps")
 
 
@@ -130,6 +139,8 @@ def local_steps_for(spec: Any, round: int, num_clients: int, seed: int) -> np.nd
         num_clients: ``N``.
         seed: the run's seed.
     """
+    num_clients = check_int(num_clients, "num_clients")
+    seed = check_seed(seed)
     if isinstance(spec, StepDistribution):
         steps = as_int_array(spec.sample(round, num_clients, seed), "local_steps")
     else:

@@ -56,7 +56,7 @@ def test_dirichlet_min_samples_is_enforced_and_errors_name_parameters():
     labels = np.repeat(np.arange(10), 50)
     parts = Dirichlet(0.3, min_samples=5).split(labels, 10, seed=0)
     assert min(len(p) for p in parts) >= 5
-    with pytest.raises(RuntimeError, match="min_samples"):
+    with pytest.raises(ValueError, match="min_samples"):
         Dirichlet(0.01, min_samples=40, max_tries=3).split(labels, 10, seed=0)
     with pytest.raises(ValueError, match="alpha"):
         Dirichlet(0.0)

@@ -73,7 +73,7 @@ CASES = {
     "UPGAPL": (lambda: UPGAPL(), _hetero),
     "DMAPL": (lambda: DMAPL(), _hetero),
     "UDMAPL": (lambda: UDMAPL(), _hetero),
-    "FedNova": (lambda: FedNova(momentum=0.5), _hetero),  # the solver of TinyClassifier(momentum=0.5)
+    "FedNova": (lambda: FedNova(momentum=0.5), _hetero),  # the module's SGD momentum (checked at setup)
     "FedACS": (lambda: FedACS(K=4, momentum=0.5), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
     "SampledFedAvg": (lambda: SampledFedAvg(K=4), dict(channel=_hetero["channel"])),
     "CAFedAvg": (lambda: CAFedAvg(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
@@ -90,20 +90,17 @@ def _settings(spec: dict) -> dict:
     return {k: v() for k, v in spec.items()}
 
 
-def _run_tiny(engine_kwargs: dict, case: str, strategy_cls: type = FedHetStrategy, **trainer_kwargs):
+def _run_tiny(engine_kwargs: dict, case: str):
     factory, spec = CASES[case]
     torch.manual_seed(0)
     model = TinyClassifier(momentum=0.5)
     data = FederatedDataModule(toy_dataset(96), [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
-    strategy = strategy_cls(algorithm=factory(), seed=5, **_settings(spec), **engine_kwargs)
-    trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0, **trainer_kwargs)
-    trainer.fit(model, datamodule=data)
+    strategy = FedHetStrategy(algorithm=factory(), seed=5, **_settings(spec), **engine_kwargs)
+    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=data)
     return strategy
 
 
-def _run_fedcis(
-    engine_kwargs: dict, weight_decay: float = 0.0, strategy_cls: type = FedHetStrategy, **trainer_kwargs
-):
+def _run_fedcis(engine_kwargs: dict, weight_decay: float = 0.0):
     topology = CISTopology.preset("7-node", "80-15-5")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7 * 8, 3, 8, 8, generator=gen)
@@ -112,17 +109,13 @@ def _run_fedcis(
     torch.manual_seed(0)
     net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4, norm="group")
     model = EarlyExitClassifier(model=net, num_classes=10, lr=0.05, momentum=0.9, weight_decay=weight_decay)
-    strategy = strategy_cls(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=3, **engine_kwargs)
-    trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0, **trainer_kwargs)
-    trainer.fit(model, datamodule=data)
+    strategy = FedHetStrategy(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=3, **engine_kwargs)
+    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=data)
     return strategy
 
 
-def _run(engine_kwargs: dict, case: str, strategy_cls: type = FedHetStrategy, **trainer_kwargs):
-    """One contract case; ``strategy_cls`` and ``trainer_kwargs`` let the many-process strategy reuse it."""
-    if CASES[case] == "early-exit":
-        return _run_fedcis(engine_kwargs, strategy_cls=strategy_cls, **trainer_kwargs)
-    return _run_tiny(engine_kwargs, case, strategy_cls, **trainer_kwargs)
+def _run(engine_kwargs: dict, case: str):
+    return _run_fedcis(engine_kwargs) if CASES[case] == "early-exit" else _run_tiny(engine_kwargs, case)
 
 
 _reference_cache: dict[str, FedHetStrategy] = {}
@@ -172,3 +165,10 @@ def test_every_exported_algorithm_has_a_case():
 def test_vmap_refuses_per_client_configs_with_weight_decay():
     with pytest.raises(VmapUnsupported, match="weight_decay.*engine='sequential'"):
         _run_fedcis(dict(engine="vmap"), weight_decay=5e-4)
+
+
+@pytest.mark.parametrize("case", ["FedAvg-known_p", "FedVARP"])
+def test_compiled_vmap_matches_sequential(case: str):
+    # Bernoulli participation, a lossy uplink and unequal local steps (1-3) over 4 rounds; compiling on a CPU costs
+    # seconds, so the compiled variant runs two representative cases (a stateless and a stateful rule)
+    _assert_same_run(_reference(case), _run(dict(engine="vmap", compile=True), case))

@@ -67,7 +67,7 @@ def test_local_steps_for_int_and_array():
     (lambda: local_steps_for([1, 2], 0, 3, 0), r"local_steps has 2 entries but num_clients is 3"),
     (lambda: local_steps_for(True, 0, 3, 0), r"local_steps must be an integer >= 1"),
     (lambda: local_steps_for("3", 0, 3, 0), r"local_steps must be an integer >= 1"),
-    (lambda: TwoGroupSteps(first=(0, 3)), r"local_steps low must be integers >= 1"),
+    (lambda: TwoGroupSteps(first=(0, 3)), r"first must be integers >= 1"),
 ])
 def test_local_steps_bad_inputs(make, match):
     with pytest.raises(ValueError, match=match):

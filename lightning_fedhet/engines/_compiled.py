@@ -1,0 +1,295 @@
+"""The compiled local step of the vmap engine: gradient, optimizer update and masking in one ``torch.compile`` graph.
+
+One call runs local step ``k`` of a whole cohort: ``vmap(grad_and_value(training_step))`` over the stacked
+parameters ``[C, *shape]``, then the optimizer's update written out as elementwise tensor algebra, then
+``torch.where(active, new, old)`` so that clients whose local steps are used up keep their parameters and optimizer
+state bit for bit. Written this way the whole step is one pure function of tensors, so inductor fuses the update
+and the mask into a few kernels and no snapshot/restore copies are needed.
+
+The update formulas transcribe PyTorch's single-tensor ``SGD`` and ``Adam``/``AdamW`` step (``torch/optim/sgd.py``,
+``torch/optim/adam.py``) line by line:
+
+* SGD: ``g = grad (+ wd * p)``; ``buf = momentum * buf + (1 - dampening) * g`` (``buf = g`` at the first step);
+  ``g = g + momentum * buf`` (Nesterov) or ``g = buf``; ``p = p - lr * g``.
+* Adam: ``g = grad (+ wd * p)`` (AdamW instead ``p = p * (1 - lr * wd)``); ``m = lerp(m, g, 1 - beta1)``;
+  ``v = beta2 * v + (1 - beta2) * g * g``; ``p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)``.
+
+Every client still training has taken the same number of steps ``t = k + 1`` (all start at step 0), so the
+step-dependent scalars (learning rate, bias corrections, the first-step momentum factor) are shared across the cohort;
+they enter the graph as one small tensor per step, so a learning-rate schedule does not trigger a recompilation.
+Optimizers or options outside these two (RMSprop, Adagrad, ``amsgrad``) compile the gradient only and keep
+``torch.optim``'s step.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# How many modules keep their compiled steps alive (each entry holds its module and compiled code).
+_CACHE_MODULES = 4
+
+
+class VmapUnsupported(RuntimeError):
+    """The model, optimizer or configuration cannot run under ``engine="vmap"``."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"engine='vmap' cannot run this: {cause}. Use engine='sequential' instead.")
+
+
+class StepModule(nn.Module):
+    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs."""
+
+    def __init__(self, lightning_module: nn.Module) -> None:
+        super().__init__()
+        self.lm = lightning_module
+
+    def forward(self, batch, batch_idx: int):
+        return self.lm.training_step(batch, batch_idx)
+
+
+class LogCollector:
+    """Stands in for ``LightningModule.log`` during a vmapped step: records names and per-client values."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.values: list[Tensor] = []
+
+    def __call__(self, name: str, value, *args, **kwargs) -> None:
+        self.names.append(name)
+        self.values.append(torch.as_tensor(value, dtype=torch.float32))
+
+    def take(self) -> dict[str, Tensor]:
+        """The values logged since the last call, by name; empties the collector (no transformed tensor stays)."""
+        logged = dict(zip(self.names, self.values))
+        self.names, self.values = [], []
+        return logged
+
+
+def make_loss(step_module: StepModule, collector: LogCollector) -> Callable:
+    """``loss(params, buffers, batch, batch_idx) -> (loss, logged)`` for one client, as ``grad_and_value`` wants it."""
+
+    def loss(params: dict[str, Tensor], buffers: dict[str, Tensor], batch, batch_idx: int):
+        collector.take()
+        state = {f"lm.{k}": v for k, v in params.items()}
+        state.update({f"lm.{k}": v for k, v in buffers.items()})
+        out = functional_call(step_module, state, (batch, batch_idx))
+        value = out["loss"] if isinstance(out, dict) else out
+        if not isinstance(value, Tensor):
+            raise VmapUnsupported("training_step must return the loss tensor (or a dict with 'loss')")
+        return value, collector.take()
+
+    return loss
+
+
+@dataclass(frozen=True)
+class UpdateRule:
+    """The static part of one parameter's optimizer update (baked into the compiled graph).
+
+    ``kind`` is ``"sgd"`` or ``"adam"``; ``slot`` indexes the per-step scalars of the parameter's param group.
+    """
+
+    kind: str
+    slot: int
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    nesterov: bool = False
+    maximize: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    decoupled: bool = False
+
+    @property
+    def num_state(self) -> int:
+        """Per-parameter state tensors: SGD's momentum buffer (if any), Adam's two moments."""
+        if self.kind == "adam":
+            return 2
+        return 1 if self.momentum != 0 else 0
+
+
+# Scalars per param group and local step (float32 row of the per-round table ``[K, groups * SCALARS]``):
+# SGD:  (lr, dampening factor: 1 at the first step, 1 - dampening after)
+# Adam: (lr / (1 - beta1^t), sqrt(1 - beta2^t), 1 - lr * wd)
+SCALARS = 3
+
+
+def update_rules(optimizer: torch.optim.Optimizer, names_by_id: dict[int, str]) -> dict[str, UpdateRule] | None:
+    """The per-parameter update rules of ``optimizer``, or None when the fused path does not cover it."""
+    rules: dict[str, UpdateRule] = {}
+    kind = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam"}.get(type(optimizer))
+    if kind is None:
+        return None
+    for slot, group in enumerate(optimizer.param_groups):
+        if group.get("amsgrad", False) or group.get("differentiable", False):
+            return None
+        if any(isinstance(group.get(key), Tensor) for key in ("momentum", "dampening", "weight_decay", "betas")):
+            return None
+        if kind == "sgd":
+            rule = UpdateRule(
+                "sgd",
+                slot,
+                weight_decay=float(group["weight_decay"]),
+                momentum=float(group["momentum"]),
+                nesterov=bool(group["nesterov"]),
+                maximize=bool(group.get("maximize", False)),
+            )
+        else:
+            beta1, beta2 = group["betas"]
+            decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
+            rule = UpdateRule(
+                "adam",
+                slot,
+                weight_decay=float(group["weight_decay"]),
+                maximize=bool(group.get("maximize", False)),
+                beta1=float(beta1),
+                beta2=float(beta2),
+                eps=float(group["eps"]),
+                decoupled=decoupled,
+            )
+        for p in group["params"]:
+            if p.requires_grad:
+                rules[names_by_id[id(p)]] = rule
+    return rules
+
+
+def step_scalars(optimizer: torch.optim.Optimizer, rules: dict[str, UpdateRule], steps: int) -> Tensor:
+    """The per-step scalars ``[steps, groups * SCALARS]`` (float64; cast to the parameters' dtype by the caller).
+
+    Computed in Python floats exactly as ``torch.optim`` computes them (``lr / (1 - beta1 ** t)`` etc.).
+    """
+    by_slot = {rule.slot: rule for rule in rules.values()}
+    table = torch.zeros(steps, len(optimizer.param_groups) * SCALARS, dtype=torch.float64)
+    for slot, group in enumerate(optimizer.param_groups):
+        rule = by_slot.get(slot)
+        lr = float(group["lr"])
+        for k in range(steps):
+            row = table[k, slot * SCALARS : (slot + 1) * SCALARS]
+            if rule is None or rule.kind == "sgd":
+                dampening = float(group.get("dampening", 0.0))
+                row[0], row[1] = lr, 1.0 if k == 0 else 1.0 - dampening
+            else:
+                t = k + 1
+                row[0] = lr / (1 - rule.beta1**t)
+                row[1] = (1 - rule.beta2**t) ** 0.5
+                row[2] = 1 - lr * rule.weight_decay
+    return table
+
+
+def _apply_rule(rule: UpdateRule, p: Tensor, grad: Tensor, state: tuple[Tensor, ...], s: Tensor):
+    """One parameter's update (see the module docstring); ``s`` is the group's scalars at this step."""
+    g = -grad if rule.maximize else grad
+    if rule.kind == "sgd":
+        lr, damp = s[0], s[1]
+        if rule.weight_decay != 0:
+            g = g + rule.weight_decay * p
+        if rule.momentum != 0:
+            # buf starts at zero, so the first step (damp = 1) gives buf = g exactly, as torch.optim's clone does
+            buf = state[0] * rule.momentum + damp * g
+            g = g + rule.momentum * buf if rule.nesterov else buf
+            state = (buf,)
+        return p - lr * g, state
+    step_size, bias2_sqrt, decay = s[0], s[1], s[2]
+    if rule.weight_decay != 0:
+        if rule.decoupled:
+            p = p * decay
+        else:
+            g = g + rule.weight_decay * p
+    exp_avg = torch.lerp(state[0], g, 1 - rule.beta1)
+    exp_avg_sq = state[1] * rule.beta2 + (1 - rule.beta2) * g * g
+    denom = exp_avg_sq.sqrt() / bias2_sqrt + rule.eps
+    return p - step_size * exp_avg / denom, (exp_avg, exp_avg_sq)
+
+
+def _rows(mask: Tensor, like: Tensor) -> Tensor:
+    return mask.view(-1, *([1] * (like.dim() - 1)))
+
+
+def make_fused_step(loss: Callable, rules: dict[str, UpdateRule]) -> Callable:
+    """The cohort step as a pure function (compiled by :class:`CompiledSteps`).
+
+    ``step(params, buffers, state, batch, batch_idx, active, scalars, loss_sum)
+    -> (params, state, loss_sum, losses, logged)``. Parameters without a rule (frozen) are passed through.
+    """
+
+    def step(params, buffers, state, batch, batch_idx, active, scalars, loss_sum):
+        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, None, 0, None), randomness="different")
+        grads, (losses, logged) = compute(params, buffers, batch, batch_idx)
+        new_params, new_state = {}, {}
+        for name, p in params.items():
+            rule = rules.get(name)
+            if rule is None:
+                new_params[name] = p
+                continue
+            s = scalars[rule.slot * SCALARS : (rule.slot + 1) * SCALARS]
+            updated, moved = _apply_rule(rule, p, grads[name], state[name], s)
+            rows = _rows(active, p)
+            new_params[name] = torch.where(rows, updated, p)
+            new_state[name] = tuple(torch.where(rows, m, old) for m, old in zip(moved, state[name]))
+        loss_sum = loss_sum + torch.where(active, losses.detach().to(loss_sum.dtype), 0)
+        return new_params, new_state, loss_sum, losses.detach(), logged
+
+    return step
+
+
+def make_grad_step(loss: Callable) -> Callable:
+    """``grads, (losses, logged) = step(params, buffers, batch, batch_idx)``: the vmapped gradient alone."""
+
+    def step(params, buffers, batch, batch_idx):
+        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, None, 0, None), randomness="different")
+        return compute(params, buffers, batch, batch_idx)
+
+    return step
+
+
+def _own_code(fn: Callable) -> Callable:
+    """A copy of ``fn`` with its own code object.
+
+    Dynamo keeps compiled graphs per code object and stops compiling a code object after
+    ``torch._dynamo.config.recompile_limit`` variants (silently running it eagerly). Every module and optimizer
+    configuration gets its own copy of the step function, so one model's shapes never use up another's budget.
+    """
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+class CompiledEntry:
+    """One module's compiled steps for one optimizer configuration and compile mode.
+
+    ``failed`` holds the cause once compiling failed, so that later rounds do not try (and warn) again.
+    """
+
+    def __init__(self, module: nn.Module, rules: dict[str, UpdateRule] | None, mode: str) -> None:
+        self.module = module  # kept alive while cached, so its id cannot be reused by another module
+        self.step_module = StepModule(module)
+        self.collector = LogCollector()
+        self.mode = mode
+        self.failed: str | None = None
+        loss = make_loss(self.step_module, self.collector)
+        fn = make_fused_step(loss, rules) if rules is not None else make_grad_step(loss)
+        self.fn = torch.compile(_own_code(fn), mode=None if mode == "default" else mode, fullgraph=True)
+
+
+_entries: OrderedDict[tuple, CompiledEntry] = OrderedDict()
+
+
+def compiled_entry(module: nn.Module, rules: dict[str, UpdateRule] | None, mode: str) -> CompiledEntry:
+    """The cached :class:`CompiledEntry` (built on first use; the least recently used modules are dropped)."""
+    key = (id(module), None if rules is None else tuple(sorted(rules.items())), mode)
+    entry = _entries.get(key)
+    if entry is None or entry.module is not module:
+        entry = CompiledEntry(module, rules, mode)
+        _entries[key] = entry
+    _entries.move_to_end(key)
+    modules = list(dict.fromkeys(k[0] for k in _entries))
+    for stale in modules[:-_CACHE_MODULES]:
+        for k in [k for k in _entries if k[0] == stale]:
+            del _entries[k]
+    return entry
