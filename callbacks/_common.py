@@ -11,13 +11,17 @@ from lightning.pytorch.loggers import WandbLogger
 
 
 def federated_strategy(trainer: pl.Trainer, owner: str) -> Any:
-    """``trainer.strategy`` if it is a ``FedHetStrategy``; a TypeError naming ``owner`` otherwise."""
+    """``trainer.strategy`` if it is a federated strategy (``FedHetStrategy``, ``FedHetDDPStrategy``); a TypeError
+    naming ``owner`` otherwise."""
     # Imported here, not at module level: the strategy itself inserts RoundMetrics, so it imports this package.
-    from lightning_fedhet.strategy import FedHetStrategy
+    from lightning_fedhet.strategy import FederatedStrategyMixin
 
     strategy = trainer.strategy
-    if not isinstance(strategy, FedHetStrategy):
-        raise TypeError(f"{owner} needs Trainer(strategy=FedHetStrategy(...)), got {type(strategy).__name__}")
+    if not isinstance(strategy, FederatedStrategyMixin):
+        raise TypeError(
+            f"{owner} needs Trainer(strategy=FedHetStrategy(...)) or FedHetDDPStrategy(...), got "
+            f"{type(strategy).__name__}"
+        )
     return strategy
 
 

@@ -14,11 +14,13 @@ from lightning_fedhet.algorithms import Algorithm, ClientInfo, FedAvg, RoundCont
 from lightning_fedhet.data import IID, Dirichlet, FederatedDataModule
 from lightning_fedhet.participation import Full, Participation, UniformSample
 from lightning_fedhet.strategy import FedHetStrategy
+from lightning_fedhet.strategy_ddp import FedHetDDPStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FedHetStrategy",
+    "FedHetDDPStrategy",
     "FederatedDataModule",
     "Algorithm",
     "ClientInfo",

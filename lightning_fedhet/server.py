@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundShares
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlan, RoundPlanner
 from lightning_fedhet.history import round_record
@@ -129,7 +129,6 @@ class Server:
         self._rejected: list[int] = []
         self._buffer_sum: Tensor | None = None
         self._int_sum: Tensor | None = None
-        self._buffer_weight = 0.0
 
     # ------------------------------------------------------------------ facts
     @property
@@ -166,7 +165,7 @@ class Server:
         self.plan = plan
         self.current_client = None
         self._received, self._rejected = [], []
-        self._buffer_sum, self._int_sum, self._buffer_weight = None, None, 0.0
+        self._buffer_sum, self._int_sum = None, None
         self.algorithm.open_round(round, self.planner.context(plan))
         return plan
 
@@ -218,13 +217,27 @@ class Server:
         if int_delta is not None and int_delta.numel():
             weighted = int_delta.to(torch.float64) * num_samples
             self._int_sum = weighted if self._int_sum is None else self._int_sum.add_(weighted)
-        self._buffer_weight += num_samples
         self._received.append(client)
         return True
 
     def _reject(self, client: int) -> None:
         self._rejected.append(client)
-        self.rejected_total += 1
+
+    def round_shares(self) -> RoundShares:
+        """This process's part of the open round when its clients are split over several processes: the sums of the
+        buffers' sample-weighted changes, the received and rejected ids, then the algorithm's
+        :meth:`~lightning_fedhet.algorithms.base.Algorithm.round_shares`. The many-process strategy combines every
+        process's shares in place before :meth:`close_round` (see
+        :class:`~lightning_fedhet.algorithms.base.RoundShares`)."""
+        self._check_open()
+        vector = self.global_vector
+        if self._buffer_sum is None:
+            size = vector.numel() - self.num_parameters
+            self._buffer_sum = torch.zeros(size, dtype=torch.float64, device=vector.device)
+        if self._int_sum is None:
+            self._int_sum = torch.zeros(self.global_ints.numel(), dtype=torch.float64, device=self.global_ints.device)
+        own = RoundShares(sums=[self._buffer_sum, self._int_sum], tables=[self._received, self._rejected])
+        return own.extend(self.algorithm.round_shares())
 
     def close_round(self, complete: bool = True) -> Tensor:
         """Aggregate, record and return the new global vector ``w_{t+1}`` (shape ``[d]``).
@@ -240,11 +253,14 @@ class Server:
             raise FloatingPointError(f"round {plan.round}: the algorithm produced non-finite global parameters")
         vector = self.global_vector.clone()
         vector[: self.num_parameters] = params.to(vector)
-        if self._buffer_sum is not None and self._buffer_weight > 0:
-            vector[self.num_parameters :] += (self._buffer_sum / self._buffer_weight).to(vector)
-        if self._int_sum is not None and self._buffer_weight > 0:
-            self.global_ints = self.global_ints + torch.round(self._int_sum / self._buffer_weight).to(torch.int64)
+        # the sample weights of the buffers' average: |D_i| of every received client
+        weight = float(sum(int(self.streams.sizes[client]) for client in self._received))
+        if self._buffer_sum is not None and weight > 0:
+            vector[self.num_parameters :] += (self._buffer_sum / weight).to(vector)
+        if self._int_sum is not None and weight > 0:
+            self.global_ints = self.global_ints + torch.round(self._int_sum / weight).to(torch.int64)
         self.global_vector = vector
+        self.rejected_total += len(self._rejected)
         previous = self.history[-1]["sim_time"] if self.history else 0.0
         record = round_record(
             plan,

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_mask, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 
 def _clone(x):
@@ -26,6 +26,7 @@ class AvailabilityRule(Algorithm):
     """
 
     selects_clients = True
+    shares_rounds = True
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -87,6 +88,9 @@ class AvailabilityRule(Algorithm):
 
     def _on_add(self, client: int, info: ClientInfo) -> None:
         pass
+
+    def round_shares(self) -> RoundShares:
+        return self._acc.shares()
 
     def close_round(self) -> Tensor:
         acc = self._acc

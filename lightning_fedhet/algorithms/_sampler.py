@@ -22,7 +22,7 @@ from lightning_fedhet._checks import (
     per_client,
 )
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver, check_optimizer_matches
 
 UNAVAILABLE = ("renormalize", "drop")
@@ -111,6 +111,7 @@ class WithReplacementSampler(Algorithm):
     """
 
     selects_clients = True
+    shares_rounds = True
     uses_system = False  # whether the sampling probabilities need this round's oracle values (FedACS: True)
 
     def __init__(
@@ -327,6 +328,9 @@ class WithReplacementSampler(Algorithm):
 
     def _after_add(self, client: int, delta: Tensor) -> None:
         pass
+
+    def round_shares(self) -> RoundShares:
+        return self._acc.shares()
 
     def close_round(self) -> Tensor:
         acc = self._acc

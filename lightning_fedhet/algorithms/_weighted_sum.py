@@ -16,8 +16,8 @@ depend on them (``sum c``). A rule whose vector coefficient differs from the wei
 
 **Combining partial sums.** The sum is associative: two accumulators over disjoint sets of clients (two processes,
 two buffers of an asynchronous server) combine with :meth:`merge`, or, across processes, by all-reducing ``total``
-(a plain tensor, summed elementwise) and taking the union of ``weights``; the result equals one accumulator that saw
-every update, up to floating-point summation order.
+(a plain tensor, summed elementwise) and taking the union of ``weights`` (:meth:`shares`); the result equals one
+accumulator that saw every update, up to floating-point summation order.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor
+
+from lightning_fedhet.algorithms.base import RoundShares
 
 
 class WeightedSum:
@@ -75,6 +77,10 @@ class WeightedSum:
             raise ValueError(f"cannot merge partial sums that share clients {sorted(both)}")
         self.total.add_(other.total.to(self.total))
         self.weights.update(other.weights)
+
+    def shares(self) -> RoundShares:
+        """``total`` and ``weights`` as one process's shares of a round split over processes (combined in place)."""
+        return RoundShares(sums=[self.total], tables=[self.weights])
 
     @property
     def weight_sum(self) -> float:

@@ -24,7 +24,7 @@ default, so a rule overrides only what it uses.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -102,6 +102,45 @@ class ClientInfo:
         self.loss = float(self.loss)
 
 
+@dataclass
+class RoundShares:
+    """One process's part of an open round, when a round's clients are split over several processes.
+
+    The many-process strategy combines every process's shares **in place** before :meth:`Algorithm.close_round`:
+
+    * each tensor of ``sums`` (a partial sum over this process's clients, e.g. ``WeightedSum.total``) is replaced
+      by its elementwise sum over the processes;
+    * each container of ``tables`` (keyed by client id: a ``dict`` of per-client values or a ``list`` of ids) is
+      replaced by the union over the processes, in increasing client-id order (a client belongs to one process).
+
+    After that every process holds the same round state as one process that had added every update, up to the
+    summation order of the floating-point sums.
+    """
+
+    sums: list[Tensor] = field(default_factory=list)
+    tables: list[dict | list] = field(default_factory=list)
+
+    def extend(self, other: RoundShares) -> RoundShares:
+        """Append ``other``'s sums and tables (returns ``self``)."""
+        self.sums += other.sums
+        self.tables += other.tables
+        return self
+
+
+@dataclass
+class ShardedRows:
+    """Per-client rows kept by one process (``rows[k]`` is the client id of ``values[k]``) out of ``num_rows``.
+
+    A rule whose per-client state is sharded over processes (:meth:`Algorithm.shard_client_state`) puts this in its
+    :meth:`Algorithm.state_dict` in place of the full ``[num_rows, ...]`` tensor; the many-process strategy gathers
+    the shards into that full tensor before writing a checkpoint, so checkpoints do not depend on the process count.
+    """
+
+    rows: Tensor
+    values: Tensor
+    num_rows: int
+
+
 class Algorithm:
     """Base class of a server rule. Subclasses override :meth:`add` and :meth:`close_round`.
 
@@ -121,6 +160,9 @@ class Algorithm:
     #: ``True`` for rules whose :meth:`client_config` is not always ``{}`` (Fed-CIS sends each node its exit), so
     #: engines can refuse at setup what they cannot apply per client
     sends_client_config: ClassVar[bool] = False
+    #: ``True`` for rules that implement :meth:`round_shares` (every rule of this package), so a round's clients can
+    #: be split over several processes (``FedHetDDPStrategy``); the many-process strategy refuses the others
+    shares_rounds: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.num_clients: int = 0
@@ -271,6 +313,24 @@ class Algorithm:
         """Finish the round and return the new global parameters ``w_{t+1}`` (shape ``[d]``). Called by the
         server once per round, after the last :meth:`add` (also when nobody arrived)."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ several processes
+    def round_shares(self) -> RoundShares:
+        """This process's part of the open round: its partial sums and per-client tables (see
+        :class:`RoundShares`). Default: nothing.
+
+        Called by the many-process strategy after this process's last :meth:`add` and before :meth:`close_round`;
+        the strategy then combines every process's shares in place, so :meth:`close_round` sees the whole round. A
+        rule returns references to its own round accumulators (tensors and dicts), and sets ``shares_rounds = True``.
+        """
+        return RoundShares()
+
+    def shard_client_state(self, rank: int, world_size: int) -> bool:
+        """Keep per-client server state (e.g. stale-update memories) only for clients ``i`` with
+        ``i % world_size == rank``. Called before :meth:`setup` by the many-process strategy, which then trains
+        client ``i`` on process ``i % world_size`` every round. Returns whether the rule keeps such state (default:
+        ``False``, nothing to shard)."""
+        return False
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

@@ -34,7 +34,7 @@ from lightning_fedhet._checks import check_bool, check_choice, check_length, che
 from lightning_fedhet.algorithms._availability import AvailabilityRule
 from lightning_fedhet.algorithms.adafed import PI_SOURCES, AdaFed
 from lightning_fedhet.algorithms.availability_estimators import MarkovAvailabilityEstimator
-from lightning_fedhet.algorithms.base import ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.algorithms.f3ast import F3AST, F3AST_RATES
 
 # AdaFed, F3AST and the estimator lived in this module; their import path keeps working.
@@ -326,6 +326,11 @@ class CAFed(AvailabilityRule):
     def _on_add(self, client: int, info: ClientInfo) -> None:
         if self.loss_source == "train" and math.isfinite(float(info.loss)):
             self._pending[client] = float(info.loss)
+
+    def round_shares(self) -> RoundShares:
+        shares = super().round_shares()
+        shares.tables.append(self._pending)  # the training losses reported this round (loss_source="train")
+        return shares
 
     def _on_close(self) -> None:
         if self._pending:

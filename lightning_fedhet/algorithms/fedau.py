@@ -43,7 +43,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 
 def _check_cutoff(K) -> int | None:
@@ -161,6 +161,8 @@ class FedAU(Algorithm):
         tensor([2.])
     """
 
+    shares_rounds = True
+
     def __init__(self, K: int | None = 50, server_lr: float = 1.0) -> None:
         super().__init__()
         server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
@@ -191,6 +193,9 @@ class FedAU(Algorithm):
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._sum, self._sum)
         self._sum.add(client, delta, float(self.client_weights[client]) * float(self._omega[client]))
+
+    def round_shares(self) -> RoundShares:
+        return self._sum.shares()
 
     def close_round(self) -> Tensor:
         if self._sum is None:

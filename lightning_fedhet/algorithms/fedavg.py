@@ -36,7 +36,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 WEIGHTINGS = ("participating", "all", "samples", "known_p")
 
@@ -59,6 +59,8 @@ class FedAvg(Algorithm):
         >>> algo.close_round()
         tensor([2.])
     """
+
+    shares_rounds = True
 
     def __init__(self, weighting: str = "participating", server_lr: float = 1.0) -> None:
         super().__init__()
@@ -91,6 +93,9 @@ class FedAvg(Algorithm):
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._sum, self._sum)
         self._sum.add(client, delta, self._raw_weight(client, info))
+
+    def round_shares(self) -> RoundShares:
+        return self._sum.shares()
 
     def close_round(self) -> Tensor:
         if self._sum is None:

@@ -99,7 +99,7 @@ from torch import Tensor, nn
 
 from lightning_fedhet._checks import check_bool, check_choice, check_real, check_vector
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.cis import CISTopology
 from lightning_fedhet.flat import FlatModel
 
@@ -350,6 +350,7 @@ class FedCIS(Algorithm):
     #: FedCIS's select() draws each node's exit; a separate strategy-level selection would bypass the draw.
     selects_clients: ClassVar[bool] = True
     sends_client_config: ClassVar[bool] = True
+    shares_rounds: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -430,7 +431,6 @@ class FedCIS(Algorithm):
         self._coef: Tensor | None = None
         self._sum: WeightedSum | None = None
         self._root_delta: Tensor | None = None
-        self._exit_coef: list[float] = []
         self.last_exits: dict[int, int] = {}
         self.last_lambda_tilde: Tensor | None = None
 
@@ -544,7 +544,6 @@ class FedCIS(Algorithm):
         self._coef = coef
         self._sum = WeightedSum(self.params)
         self._root_delta = None
-        self._exit_coef = [0.0] * self.num_exits
 
     @property
     def root(self) -> int:
@@ -565,7 +564,23 @@ class FedCIS(Algorithm):
         e = int(self.exits[client])
         mask = self.exit_masks[e - 1]
         self._sum.add(client, torch.where(mask, delta.to(self.params), 0.0), w)  # a_c M_e ⊙ delta_c
-        self._exit_coef[e - 1] += w  # A_e
+
+    def round_shares(self) -> RoundShares:
+        shares = self._sum.shares()
+        if self.aggregation_base == "root_local":
+            # the root's delta is the base: zero on the processes that did not train the root, so the sum is it
+            if self._root_delta is None:
+                self._root_delta = torch.zeros_like(self.params)
+            shares.sums.append(self._root_delta)
+        return shares
+
+    def _exit_coefficients(self) -> list[float]:
+        """``A_e = sum_{c != root, exit e} a_c`` over the round's non-root arrivals, in arrival order."""
+        coef = [0.0] * self.num_exits
+        for client, w in self._sum.weights.items():
+            if client != self.root:
+                coef[int(self.exits[client]) - 1] += w
+        return coef
 
     def close_round(self) -> Tensor:
         if self._sum is None:
@@ -574,9 +589,9 @@ class FedCIS(Algorithm):
         self.last_exits = {c: int(self.exits[c]) for c in self._sum}
         if len(self._sum) > 0:
             step = self._sum.total
-            if self.aggregation_base == "root_local" and self._root_delta is not None:
+            if self.aggregation_base == "root_local" and self.root in self._sum:
                 # - sum_e A_e M_e ⊙ delta_r, then the base w_r = w_t + delta_r
-                for e, a in enumerate(self._exit_coef):
+                for e, a in enumerate(self._exit_coefficients()):
                     if a != 0.0:
                         step.sub_(torch.where(self.exit_masks[e], self._root_delta, 0.0), alpha=a)
                 self.params = self.params + self._root_delta + self.server_lr * step

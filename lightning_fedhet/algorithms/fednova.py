@@ -53,7 +53,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 NOVA_WEIGHTINGS = ("participating", "samples")
 NOVA_DIVISORS = ("arrived", "selected")
@@ -174,6 +174,8 @@ class FedNova(Algorithm):
         tensor([2.])
     """
 
+    shares_rounds = True
+
     def __init__(
         self,
         momentum: float = 0.0,
@@ -255,6 +257,11 @@ class FedNova(Algorithm):
             raw *= m  # a client drawn m_i times counts m_i times (Eq. 116a)
         self._client_norms[client] = a
         self._sum.add(client, delta, raw, coef=raw / a)  # records q_i (unnormalised), adds q_i delta_i / ||a_i||_1
+
+    def round_shares(self) -> RoundShares:
+        shares = self._sum.shares()
+        shares.tables.append(self._client_norms)
+        return shares
 
     def close_round(self) -> Tensor:
         if self._sum is None:

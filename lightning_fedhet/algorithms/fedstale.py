@@ -46,7 +46,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_choice, check_device, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares, ShardedRows
 from lightning_fedhet.algorithms.fedau import IntervalEstimator
 
 STALE_WEIGHTINGS = ("participating", "known_p")
@@ -62,6 +62,13 @@ class StaleMemory:
 
     ``H`` is updated incrementally from the values *as stored* (after rounding to ``dtype``), in fp64, so it
     always equals the sum of what the buffer holds up to fp64 rounding.
+
+    **Several processes** (:meth:`shard`): a process keeps only the rows of the clients ``i`` with
+    ``i % world_size == rank`` (the clients it trains), about ``N / world_size`` rows; its writes of a round
+    accumulate the change of ``H`` in ``pending``, which the processes sum (:meth:`shares`) before :meth:`settle`
+    adds it to ``H``, so every process keeps the same ``H``. :meth:`state_dict` then holds the rows as
+    :class:`~lightning_fedhet.algorithms.base.ShardedRows`, which the many-process strategy gathers into the full
+    ``[N, d]`` tensor before a checkpoint is written; :meth:`load_state_dict` takes the full tensor and keeps its rows.
     """
 
     def __init__(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
@@ -72,43 +79,93 @@ class StaleMemory:
         self.data: Tensor | None = None
         self.total: Tensor | None = None
         self.weights: Tensor | None = None
+        self.num_clients = 0
+        self.rank, self.world_size = 0, 1
+        self.pending: Tensor | None = None
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Keep only the rows of clients ``i`` with ``i % world_size == rank`` (call before :meth:`allocate`)."""
+        if int(world_size) < 1 or not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, {world_size=}")
+        self.rank, self.world_size = int(rank), int(world_size)
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+    def _local_rows(self, num_clients: int) -> Tensor:
+        return torch.arange(self.rank, int(num_clients), self.world_size, dtype=torch.int64)
+
+    def _row(self, client: int) -> int:
+        if client % self.world_size != self.rank:
+            raise ValueError(
+                f"client {client}'s memory row is kept by process {client % self.world_size}, not by this one "
+                f"({self.rank}): a client with per-client server state must train on process client % world_size"
+            )
+        return client // self.world_size
 
     def allocate(self, num_clients: int, dim: int, weights: Tensor, total_device: torch.device) -> None:
-        """Allocate ``h = 0`` (``num_clients * dim * element_size`` bytes) and ``H = 0``."""
-        self.data = torch.zeros((int(num_clients), int(dim)), dtype=self.dtype, device=self.device)
+        """Allocate ``h = 0`` (``num_clients * dim * element_size`` bytes, divided among the processes when
+        sharded) and ``H = 0``."""
+        self.num_clients = int(num_clients)
+        rows = len(self._local_rows(num_clients))
+        self.data = torch.zeros((rows, int(dim)), dtype=self.dtype, device=self.device)
         self.total = torch.zeros(int(dim), dtype=torch.float64, device=total_device)
+        self.pending = torch.zeros_like(self.total) if self.sharded else None
         self.weights = weights
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the ``N x d`` buffer (0 before :meth:`allocate`)."""
-        return 0 if self.data is None else self.data.numel() * self.data.element_size()
+        """Bytes of the ``N x d`` buffer, over all processes when sharded (0 before :meth:`allocate`)."""
+        return 0 if self.data is None else self.num_clients * self.data.shape[1] * self.data.element_size()
 
     def read(self, client: int, like: Tensor) -> Tensor:
         """``h_client`` as a new tensor with the dtype and device of ``like``."""
-        return self.data[client].to(device=like.device, dtype=like.dtype, copy=True)
+        return self.data[self._row(client)].to(device=like.device, dtype=like.dtype, copy=True)
 
     def write(self, client: int, value: Tensor) -> None:
-        """``h_client <- value`` (rounded to the memory dtype) and update ``H``."""
-        row = self.data[client]
+        """``h_client <- value`` (rounded to the memory dtype) and update ``H`` (or ``pending`` when sharded)."""
+        row = self.data[self._row(client)]
         # copy=True: when the memory is already fp64 on the total's device, .to() would return the row itself, the
         # copy_ below would overwrite ``old`` too, and H would never move.
         old = row.to(device=self.total.device, dtype=torch.float64, copy=True)
         row.copy_(value)
         new = row.to(device=self.total.device, dtype=torch.float64)
-        self.total.add_(new - old, alpha=float(self.weights[client]))
+        target = self.pending if self.sharded else self.total
+        target.add_(new - old, alpha=float(self.weights[client]))
+
+    def shares(self) -> RoundShares:
+        """The round's change of ``H`` on this process (summed over the processes), when sharded."""
+        return RoundShares(sums=[self.pending]) if self.sharded else RoundShares()
+
+    def settle(self) -> None:
+        """Add the round's (summed) change of ``H`` when sharded; called when the round closes."""
+        if self.sharded:
+            self.total.add_(self.pending)
+            self.pending.zero_()
 
     def state_dict(self) -> dict:
-        return {
-            "data": None if self.data is None else self.data.clone(),
-            "total": None if self.total is None else self.total.clone(),
-        }
+        data = None if self.data is None else self.data.clone()
+        if data is not None and self.sharded:
+            data = ShardedRows(self._local_rows(self.num_clients), data, self.num_clients)
+        return {"data": data, "total": None if self.total is None else self.total.clone()}
 
     def load_state_dict(self, state: dict, weights: Tensor, total_device: torch.device) -> None:
         data = state["data"]
+        if isinstance(data, ShardedRows):
+            if len(data.rows) != data.num_rows:
+                raise ValueError(
+                    f"the memory state holds {len(data.rows)} of {data.num_rows} clients' rows (one process's shard): "
+                    "save checkpoints through the strategy, which gathers every process's rows"
+                )
+            data = data.values[torch.argsort(data.rows)]
+        if data is not None:
+            self.num_clients = data.shape[0]
+            data = data[self._local_rows(self.num_clients)]
         self.data = None if data is None else data.to(device=self.device, dtype=self.dtype, copy=True)
         total = state["total"]
         self.total = None if total is None else total.to(device=total_device, dtype=torch.float64, copy=True)
+        self.pending = torch.zeros_like(self.total) if self.sharded and self.total is not None else None
         self.weights = weights
 
 
@@ -143,6 +200,8 @@ class FedStale(Algorithm):
         >>> algo.close_round()
         tensor([4.5000])
     """
+
+    shares_rounds = True
 
     def __init__(
         self,
@@ -218,6 +277,12 @@ class FedStale(Algorithm):
         if self.estimator is not None:
             self.estimator.setup(self.num_clients)
 
+    def shard_client_state(self, rank: int, world_size: int) -> bool:
+        if not self.uses_memory:
+            return False
+        self.memory.shard(rank, world_size)
+        return True
+
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
         self._probs = None
@@ -250,9 +315,15 @@ class FedStale(Algorithm):
         else:
             self._fresh.add(client, delta, raw)
 
+    def round_shares(self) -> RoundShares:
+        shares = self._fresh.shares()
+        return shares.extend(self.memory.shares()) if self.uses_memory else shares
+
     def close_round(self) -> Tensor:
         if self._fresh is None:
             raise RuntimeError("close_round() called without open_round()")
+        if self.uses_memory:
+            self.memory.settle()  # H for the next round (this round's stale term was taken at open_round)
         scale = 1.0
         arrived = len(self._fresh) > 0
         if self.weighting == "participating":

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedhet._checks import check_choice, check_real
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.algorithms.fedstale import EMPTY_ROUNDS, StaleMemory
 
 
@@ -51,6 +51,8 @@ class MIFA(Algorithm):
         >>> algo.close_round()       # nobody arrived: (4 + 0) / 2 again
         tensor([4.])
     """
+
+    shares_rounds = True
 
     def __init__(
         self,
@@ -90,6 +92,10 @@ class MIFA(Algorithm):
         super().setup(num_clients, init_params, client_weights, client_sizes)
         self.memory.allocate(self.num_clients, self.params.numel(), self.client_weights, self.params.device)
 
+    def shard_client_state(self, rank: int, world_size: int) -> bool:
+        self.memory.shard(rank, world_size)
+        return True
+
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
         self._raw = {}
@@ -99,9 +105,13 @@ class MIFA(Algorithm):
         self._raw[client] = float(self.client_weights[client])
         self.memory.write(client, delta)
 
+    def round_shares(self) -> RoundShares:
+        return RoundShares(tables=[self._raw]).extend(self.memory.shares())
+
     def close_round(self) -> Tensor:
         if self._raw is None:
             raise RuntimeError("close_round() called without open_round()")
+        self.memory.settle()  # the refreshed memory's total, every process's writes included
         self.last_weights = dict(self._raw)
         if self._raw or self.empty_round == "stale":
             self.params = self.params + (self.server_lr * self.memory.total).to(self.params)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._sampler import WithReplacementSampler
-from lightning_fedhet.algorithms.base import RoundContext
+from lightning_fedhet.algorithms.base import RoundContext, RoundShares
 
 _F64 = torch.float64
 
@@ -38,6 +38,7 @@ class OS(WithReplacementSampler):
         super().__init__(K, unavailable, server_lr)
         self.mix = check_real(mix, "mix", 0.0, 1.0, high_open=True)
         self.update_norms: Tensor | None = None  # float64 [N], nan = never received
+        self._round_norms: dict[int, float] = {}  # this round's received norms, written at close_round
 
     def hparams(self) -> dict:
         return {**super().hparams(), "mix": self.mix}
@@ -68,7 +69,19 @@ class OS(WithReplacementSampler):
         return out
 
     def _after_add(self, client: int, delta: Tensor) -> None:
-        self.update_norms[client] = float(torch.linalg.vector_norm(delta.detach().to(_F64)))
+        self._round_norms[client] = float(torch.linalg.vector_norm(delta.detach().to(_F64)))
+
+    def round_shares(self) -> RoundShares:
+        shares = super().round_shares()
+        shares.tables.append(self._round_norms)
+        return shares
+
+    def close_round(self) -> Tensor:
+        # the norms are only read by the next round's select(), so they can be written once the round closes
+        for client, norm in self._round_norms.items():
+            self.update_norms[client] = norm
+        self._round_norms = {}
+        return super().close_round()
 
     def _extra_state(self) -> dict:
         return {"update_norms": _clone(self.update_norms)}

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from lightning_fedhet._checks import check_choice, check_real, check_vector
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
-from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext
+from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
 Q_SOURCES = ("known", "estimate")
 
@@ -89,6 +89,7 @@ class _LossyAggregator(Algorithm):
     """Shared plumbing: per-round weighted sum of deltas, ``q`` handling, fresh-client bookkeeping."""
 
     uses_q = True
+    shares_rounds = True
 
     def __init__(self, q: str | Sequence[float] | Tensor = "known") -> None:
         super().__init__()
@@ -147,6 +148,9 @@ class _LossyAggregator(Algorithm):
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._sum, self._sum)
         self._sum.add(client, delta, self._raw_weight(client))
+
+    def round_shares(self) -> RoundShares:
+        return self._sum.shares()
 
     def close_round(self) -> Tensor:
         if self._sum is None:

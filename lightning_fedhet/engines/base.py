@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lightning_fedhet.federation import RoundPlan
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.server import ClientStart, Server
 
@@ -55,8 +56,10 @@ class Engine:
         self.optimizers: list[torch.optim.Optimizer] = []
         self.server: Server | None = None
         self.flat: FlatModel | None = None
-        self.to_device: BatchToDevice = lambda batch: batch
+        self.to_device: BatchToDevice = _unchanged  # a module-level function: spawn-launched strategies pickle it
         self.step = 0
+        #: the part of the open round's plan this engine executes (the whole plan in one process)
+        self.plan: RoundPlan | None = None
         self._held_local: Tensor | None = None
 
     # ------------------------------------------------------------------ setup
@@ -85,7 +88,7 @@ class Engine:
         server = self.server
         if server.round_open:
             self.finish_partial_round()
-        plan = server.begin_round(server.next_round, probe=self.probe_losses)
+        plan = self.plan = server.begin_round(server.next_round, probe=self.probe_losses)
         self.step = 0
         self._begin(plan)
         if plan.num_steps == 0:
@@ -169,6 +172,10 @@ class Engine:
                 out = self.module.training_step(batch, 0)
                 losses[client] = float(out["loss"] if isinstance(out, dict) else out)
         return losses
+
+
+def _unchanged(batch: Any) -> Any:
+    return batch
 
 
 class _NoLog:

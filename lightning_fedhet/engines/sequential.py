@@ -30,7 +30,7 @@ class SequentialEngine(Engine):
         return self.server.streams.iterate(plan.batches)
 
     def _position(self) -> tuple[int, int]:
-        return self.server.plan.schedule[self.step]
+        return self.plan.schedule[self.step]
 
     def on_batch_start(self) -> None:
         client, local_step = self._position()
@@ -39,7 +39,7 @@ class SequentialEngine(Engine):
             self._losses = []
 
     def on_batch_end(self, output: Any) -> None:
-        plan = self.server.plan
+        plan = self.plan
         client, local_step = self._position()
         loss = output.get("loss") if isinstance(output, dict) else output
         if isinstance(loss, torch.Tensor):

@@ -90,17 +90,20 @@ def _settings(spec: dict) -> dict:
     return {k: v() for k, v in spec.items()}
 
 
-def _run_tiny(engine_kwargs: dict, case: str):
+def _run_tiny(engine_kwargs: dict, case: str, strategy_cls: type = FedHetStrategy, **trainer_kwargs):
     factory, spec = CASES[case]
     torch.manual_seed(0)
     model = TinyClassifier(momentum=0.5)
     data = FederatedDataModule(toy_dataset(96), [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
-    strategy = FedHetStrategy(algorithm=factory(), seed=5, **_settings(spec), **engine_kwargs)
-    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=data)
+    strategy = strategy_cls(algorithm=factory(), seed=5, **_settings(spec), **engine_kwargs)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0, **trainer_kwargs)
+    trainer.fit(model, datamodule=data)
     return strategy
 
 
-def _run_fedcis(engine_kwargs: dict, weight_decay: float = 0.0):
+def _run_fedcis(
+    engine_kwargs: dict, weight_decay: float = 0.0, strategy_cls: type = FedHetStrategy, **trainer_kwargs
+):
     topology = CISTopology.preset("7-node", "80-15-5")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7 * 8, 3, 8, 8, generator=gen)
@@ -109,13 +112,17 @@ def _run_fedcis(engine_kwargs: dict, weight_decay: float = 0.0):
     torch.manual_seed(0)
     net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4, norm="group")
     model = EarlyExitClassifier(model=net, num_classes=10, lr=0.05, momentum=0.9, weight_decay=weight_decay)
-    strategy = FedHetStrategy(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=3, **engine_kwargs)
-    quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=data)
+    strategy = strategy_cls(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=3, **engine_kwargs)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0, **trainer_kwargs)
+    trainer.fit(model, datamodule=data)
     return strategy
 
 
-def _run(engine_kwargs: dict, case: str):
-    return _run_fedcis(engine_kwargs) if CASES[case] == "early-exit" else _run_tiny(engine_kwargs, case)
+def _run(engine_kwargs: dict, case: str, strategy_cls: type = FedHetStrategy, **trainer_kwargs):
+    """One contract case; ``strategy_cls`` and ``trainer_kwargs`` let the many-process strategy reuse it."""
+    if CASES[case] == "early-exit":
+        return _run_fedcis(engine_kwargs, strategy_cls=strategy_cls, **trainer_kwargs)
+    return _run_tiny(engine_kwargs, case, strategy_cls, **trainer_kwargs)
 
 
 _reference_cache: dict[str, FedHetStrategy] = {}
