@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_cli import needs_fmnist
+from tests.test_cli import needs_fmnist
 
 ROOT = Path(__file__).resolve().parents[2]
 
