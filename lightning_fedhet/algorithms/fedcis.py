@@ -370,7 +370,7 @@ class FedCIS(Algorithm):
         super().__init__()
         if not isinstance(topology, CISTopology):
             raise ValueError(f"topology must be a CISTopology, got {type(topology).__name__}")
-        check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
+        server_lr = check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
         check_choice(prob_weighting, "prob_weighting", PROB_WEIGHTINGS)
         check_bool(normalize, "normalize")
         check_bool(correct_participation, "correct_participation")

@@ -195,7 +195,9 @@ class FedNova(Algorithm):
                 "reported; pass client_weights proportional to |D_i| instead)"
             )
         self.divisor = divisor
-        check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
+        server_lr = check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
+        if local_lr is not None:
+            local_lr = check_real(local_lr, "local_lr", 0.0, low_open=True, high_open=True)
         self.momentum = float(momentum)
         self.prox_mu = float(prox_mu)
         self.local_lr = None if local_lr is None else float(local_lr)
