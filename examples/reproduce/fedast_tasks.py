@@ -172,12 +172,15 @@ def run_one(method: str, seed: int, args, dms) -> dict:
     }
 
 
-def fmt(values) -> str:
-    values = [v for v in values]
-    if any(math.isinf(v) for v in values):
-        return f"> {max(v for v in values if not math.isinf(v)) if any(not math.isinf(v) for v in values) else 0:.0f}"
-    m, s = mean_std(values)
-    return f"{m:.0f} ± {s:.0f}"
+def fmt(values, budget: float) -> str:
+    """``mean ± std`` over seeds (ddof=1), or which seeds did not reach the target within the budget."""
+    values = list(values)
+    missed = sum(math.isinf(v) for v in values)
+    if not missed:
+        m, s = mean_std(values)
+        return f"{m:.0f} ± {s:.0f}"
+    done = ", ".join(f"{v:.0f}" for v in values if not math.isinf(v))
+    return f"{missed}/{len(values)} seeds > {budget:.0f}" + (f" (others: {done})" if done else "")
 
 
 def main(argv=None) -> list[dict]:
@@ -219,19 +222,27 @@ def write_outputs(args, runs: list[dict], out: Path, total: float) -> None:
     for method, rs in by_method.items():
         if not rs:
             continue
-        rows.append([method] + [fmt([r["times"][t] for r in rs]) for t in TASKS] + [
-            fmt([r["last"] for r in rs]), f"{np.mean([r['updates'] for r in rs]):.0f}",
+        budget = args.max_sim_time
+        rows.append([method] + [fmt([r["times"][t] for r in rs], budget) for t in TASKS] + [
+            fmt([r["last"] for r in rs], budget), f"{np.mean([r['updates'] for r in rs]):.0f}",
             f"{np.mean([r['staleness'] for r in rs]):.2f}", f"{np.mean([r['wall'] for r in rs]):.0f}"])
     gains = []
 
     def gain(a: str, b: str) -> str | None:
+        """(T_b - T_a) / T_b on the mean last-task times; a run that never finished counts as the budget."""
         ra, rb = by_method.get(a), by_method.get(b)
         if not ra or not rb:
             return None
-        ta, tb = np.mean([r["last"] for r in ra]), np.mean([r["last"] for r in rb])
-        per_seed = [(y["last"] - x["last"]) / y["last"] for x, y in zip(ra, rb)]
-        return f"{a} vs {b}: {100 * (tb - ta) / tb:.1f} % less time (per seed: " + ", ".join(
-            f"{100 * g:.1f} %" for g in per_seed) + ")"
+        cap = lambda r: min(r["last"], args.max_sim_time)  # noqa: E731
+        ta, tb = np.mean([cap(r) for r in ra]), np.mean([cap(r) for r in rb])
+        unfinished = sum(math.isinf(r["last"]) for r in ra + rb)
+        bound = ""
+        if unfinished:
+            bound = (f" ({unfinished} run(s) did not finish within {args.max_sim_time:.0f} s and count as "
+                     f"{args.max_sim_time:.0f} s, so this is not an estimate)")
+        per_seed = [(cap(y) - cap(x)) / cap(y) for x, y in zip(ra, rb)]
+        return (f"{a} vs {b}: {100 * (tb - ta) / tb:+.1f} % less time{bound}; per seed: "
+                + ", ".join(f"{100 * g:+.1f} %" for g in per_seed))
 
     for pair in (("FedAST(D)", "Sync-ST first-k"), ("FedAST(D)", "Sync-ST"), ("FedAST(S)", "Sync-ST first-k"),
                  ("FedAST(D)", "FedAST(S)"), ("FedAST(S)", "FedAST no buffer")):
@@ -240,7 +251,7 @@ def write_outputs(args, runs: list[dict], out: Path, total: float) -> None:
             gains.append(g)
     table = markdown_table(header, rows)
     text = (f"Simulated seconds until each task reached its target (mean ± std over seeds {args.seeds}; "
-            f"'> x' = not reached within the budget)\n\n{table}\n" + "\n".join(f"- {g}" for g in gains)
+            f"budget {args.max_sim_time:.0f} s)\n\n{table}\n" + "\n".join(f"- {g}" for g in gains)
             + f"\n\nTotal wall-clock: {total:.0f} s.\n\n![time to target]({NAME}.png)\n")
     (out / "results.md").write_text(text)
     (out / "runs.json").write_text(json.dumps(runs, default=float, indent=1))
@@ -255,56 +266,62 @@ def plot(args, runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     methods = [m for m in args.methods if any(r["method"] == m for r in runs)]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
-    ax = axes[0]
+    colors = {m: f"C{i}" for i, m in enumerate(methods)}
+    budget = args.max_sim_time
+    fig = plt.figure(figsize=(16, 8.5))
+    grid = fig.add_gridspec(2, 3)
+    # time to target per task and for all tasks; a seed that never got there counts as the budget (hatched)
+    ax = fig.add_subplot(grid[0, :2])
     width = 0.8 / len(methods)
-    labels = list(TASKS) + ["all tasks"]
+    labels = list(TASKS) + ["all tasks (last)"]
     for i, method in enumerate(methods):
         rs = [r for r in runs if r["method"] == method]
         values = [[r["times"][t] for r in rs] for t in TASKS] + [[r["last"] for r in rs]]
-        means = [np.mean([v for v in vs if not math.isinf(v)] or [np.nan]) for vs in values]
-        stds = [np.std([v for v in vs if not math.isinf(v)] or [0.0]) for vs in values]
-        ax.bar(np.arange(len(labels)) + i * width, means, width, yerr=stds, label=method, capsize=2)
+        capped = [[min(v, budget) for v in vs] for vs in values]
+        x = np.arange(len(labels)) + i * width
+        missed = [any(math.isinf(v) for v in vs) for vs in values]
+        ax.bar(x, [np.mean(c) for c in capped], width, yerr=[np.std(c) for c in capped], color=colors[method],
+               label=method, capsize=2, hatch=None)
+        for xi, c, miss in zip(x, capped, missed):
+            if miss:
+                ax.bar(xi, np.mean(c), width, fill=False, hatch="//", edgecolor="black", lw=0)
     ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     ax.set_ylabel("simulated seconds to target")
-    ax.set_title("time to target (mean ± std over seeds)")
-    ax.legend(fontsize=7)
+    ax.set_title(f"time to target, mean ± std over seeds {sorted({r['seed'] for r in runs})} "
+                 f"(hatched: some seed not there within {budget:.0f} s, counted as {budget:.0f})")
+    ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    # accuracy vs simulated time, first seed, per task
     seed = runs[0]["seed"]
-    ax = axes[1]
-    styles = dict(zip(TASKS, ("-", "--", ":")))
-    colors = {m: f"C{i}" for i, m in enumerate(methods)}
-    for method in methods:
-        r = next(r for r in runs if r["method"] == method and r["seed"] == seed)
-        for task in TASKS:
-            pts = [(t, a) for t, k, a in r["curve"] if k == task]
-            if pts:
-                ax.plot(*zip(*pts), styles[task], color=colors[method], lw=1.1,
-                        label=method if task == TASKS[0] else None)
-    for task, target in zip(TASKS, args.targets):
-        ax.axhline(target, color="grey", lw=0.6, ls=styles[task])
-    ax.set_xlabel("simulated seconds")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title(f"seed {seed}: — {TASKS[0]}, -- {TASKS[1]}, ··· {TASKS[2]}")
-    ax.set_ylim(0.3, 0.9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    # FedAST(D): requests per task over time
-    ax = axes[2]
+    # FedAST(D): R_m at each reallocation
+    ax = fig.add_subplot(grid[0, 2])
     r = next((r for r in runs if r["method"] == "FedAST(D)" and r["seed"] == seed), None)
     if r is not None and r["reallocations"]:
         times = [0.0] + [x["sim_time"] for x in r["reallocations"]]
         for task in TASKS:
             values = [args.requests] + [x["R"].get(task, 0) for x in r["reallocations"]]
             ax.step(times, values, where="post", label=task)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     ax.set_xlabel("simulated seconds")
-    ax.set_ylabel("R_m (requests in flight, target)")
-    ax.set_title(f"FedAST(D) reallocation, seed {seed}")
+    ax.set_ylabel("R_m after each reallocation")
+    ax.set_title(f"FedAST(D) requests per task, seed {seed}")
     ax.grid(alpha=0.3)
+    # validation accuracy against simulated time, one panel per task, first seed
+    for j, (task, target) in enumerate(zip(TASKS, args.targets)):
+        ax = fig.add_subplot(grid[1, j])
+        for method in methods:
+            r = next(r for r in runs if r["method"] == method and r["seed"] == seed)
+            pts = [(t, a) for t, k, a in r["curve"] if k == task]
+            if pts:
+                ax.plot(*zip(*pts), color=colors[method], lw=1.0, label=method)
+        ax.axhline(target, color="black", lw=0.8, ls="--")
+        ax.set_xlabel("simulated seconds")
+        ax.set_ylabel("validation accuracy")
+        ax.set_title(f"{task} (target {target:.2f}), seed {seed}")
+        ax.grid(alpha=0.3)
+        if j == 0:
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
