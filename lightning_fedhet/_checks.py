@@ -70,16 +70,16 @@ def _outside(arr: np.ndarray, low: float, high: float, low_open: bool, high_open
 
 
 def _real_scalar(value: Any) -> Any:
-    """A real number (not a bool, not complex) as a Python or numpy scalar: numbers, numpy scalars, and
-    one-element arrays and tensors; ``None`` for anything else."""
+    """A real number (not a bool, not complex) as a Python or numpy scalar: numbers, numpy scalars, 0-d arrays and
+    one-element tensors; ``None`` for anything else."""
     if isinstance(value, Tensor):
         if value.numel() != 1 or value.dtype == torch.bool or value.dtype.is_complex:
             return None
         return value.item()
-    if isinstance(value, np.ndarray):
-        if value.size != 1 or value.dtype.kind not in "iuf":
+    if isinstance(value, np.ndarray):  # only 0-d: Python's int() and float() refuse 1-D numpy arrays
+        if value.ndim != 0 or value.dtype.kind not in "iuf":
             return None
-        return value.reshape(-1)[0]
+        return value[()]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         return None
     return value

@@ -13,6 +13,7 @@ limit (the per-client arrays cannot be allocated), not a validation error.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 import numpy as np
@@ -76,11 +77,21 @@ junk = st.one_of(_scalars, _lists, _arrays_and_tensors)
 
 
 def _not_a_huge_number(value) -> bool:
-    try:
-        as_float = float(value)  # also one-element arrays and tensors
-    except Exception:
-        return True
-    return not (math.isfinite(as_float) and abs(as_float) > 10**6)
+    """False for a finite number above 10**6, also as a one-element array or tensor (the checks accept those)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().numpy()
+    if isinstance(value, np.ndarray):
+        if value.size != 1 or value.dtype.kind not in "iuf":
+            return True
+        value = value.reshape(-1)[0].item()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return math.isinf(value) or not abs(value) > 10**6  # exact for ints of any size; nan is kept
+    return True
+
+
+def as_count(value) -> int:
+    """A client count that the library accepted (an int, an integral float, or a one-element array or tensor)."""
+    return int(np.asarray(value.detach() if isinstance(value, torch.Tensor) else value).reshape(-1)[0])
 
 
 #: junk without huge numbers, for counts whose size is work or memory (a billion clients, a billion retries)

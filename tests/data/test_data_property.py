@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_fedhet.data import IID, Dirichlet, LabelSwap, Shards
-from tests.property_inputs import PROPERTY, arg, bounded_junk, build, counts, ints, junk, seeds
+from tests.property_inputs import PROPERTY, arg, as_count, bounded_junk, build, counts, ints, junk, seeds
 
 _label_lists = st.lists(st.integers(0, 9), min_size=1, max_size=60)
 labels_ = st.one_of(
@@ -33,7 +33,7 @@ def check_split(partitioner, labels, num_clients, seed, *params: str):
         return None
     # IID splits the rows of ``labels``; the label-based partitioners flatten them
     n = np.asarray(labels).shape[0] if isinstance(partitioner, IID) else np.asarray(labels).size
-    assert len(parts) == int(num_clients)
+    assert len(parts) == as_count(num_clients)
     for part in parts:
         assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
         assert part.size == 0 or (part[0] >= 0 and part[-1] < n)

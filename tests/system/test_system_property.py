@@ -18,7 +18,7 @@ from lightning_fedhet.system import (
     VirtualClock,
     local_steps_for,
 )
-from tests.property_inputs import PROPERTY, arg, build, counts, ints, junk, probs, seeds
+from tests.property_inputs import PROPERTY, arg, as_count, build, counts, ints, junk, probs, seeds
 
 loss_probs = probs(0.0, 0.999)
 
@@ -32,7 +32,7 @@ def test_uniform_loss(low, high, num_clients, seed):
     repr(dist)
     q = build(lambda: dist.sample(2, num_clients, seed), "low", "high", "num_clients", "seed")
     if q is not None:
-        assert q.shape == (int(num_clients),) and np.all((q >= 0) & (q < 1))
+        assert q.shape == (as_count(num_clients),) and np.all((q >= 0) & (q < 1))
 
 
 @PROPERTY
@@ -63,8 +63,8 @@ def test_uniform_steps(low, high, num_clients, seed):
     repr(dist)
     steps = build(lambda: local_steps_for(dist, 1, num_clients, seed), "local_steps", "num_clients", "seed")
     if steps is not None:
-        assert steps.dtype == np.int64 and steps.shape == (int(num_clients),) and np.all(steps >= 1)
-        assert np.all(np.isfinite(dist.expected(int(num_clients))))
+        assert steps.dtype == np.int64 and steps.shape == (as_count(num_clients),) and np.all(steps >= 1)
+        assert np.all(np.isfinite(dist.expected(as_count(num_clients))))
 
 
 pairs = st.tuples(ints(1, 5), ints(5, 9))
@@ -79,7 +79,7 @@ def test_two_group_steps(first, second, num_clients, seed):
     repr(dist)
     steps = build(lambda: local_steps_for(dist, 1, num_clients, seed), "local_steps", "num_clients", "seed")
     if steps is not None:
-        assert steps.shape == (int(num_clients),) and np.all(steps >= 1)
+        assert steps.shape == (as_count(num_clients),) and np.all(steps >= 1)
 
 
 positive = st.floats(min_value=1e-3, max_value=10.0)
