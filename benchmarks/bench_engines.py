@@ -10,6 +10,9 @@ Executors (identical clients, batches and number of optimizer steps):
 * ``vmap compiled`` ``FedHetStrategy(engine="vmap", compile=True)``, where this version of the strategy has the option;
 * ``cohort eager`` / ``cohort compiled``  ``VmapCohort`` driven directly by a hand-written round loop (no Lightning),
   ``compile=False`` / ``True``: the engine's own cost without Lightning's per-step loop;
+* ``lightning``   Lightning's own loop with no federation: one model, the same mini-batches and number of optimizer
+  steps as one client after another, one Lightning step per mini-batch: the floor of any engine that runs each
+  local step as a Lightning step (the sequential engine);
 * ``central``     the centralised limit: one model, batch = cohort x batch size, the same number of optimizer steps;
 * ``flower``      Flower's simulation engine, when ``flwr[simulation]`` is installed (``pip install -e .[bench]``).
 
@@ -133,6 +136,54 @@ class _Plain(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         return F.cross_entropy(self.net(x), y)
+
+
+class _PlainWithOptimizer(_Plain):
+    def __init__(self, net: torch.nn.Module, lr: float) -> None:
+        super().__init__(net)
+        self.lr = lr
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class _RoundsOfBatches:
+    """Yields round ``e``'s mini-batches (every client's local steps, one after another) at the ``e``-th pass."""
+
+    def __init__(self, task: Task, rounds: int) -> None:
+        x_all, y_all = task.dataset.tensors
+        self.rounds = [
+            [(x_all[torch.from_numpy(idx)], y_all[torch.from_numpy(idx)]) for _, batches in cohort for idx in batches]
+            for cohort in schedule(task, rounds)
+        ]
+        self.passes = 0
+
+    def __len__(self) -> int:
+        return len(self.rounds[0])
+
+    def __iter__(self):
+        batches = self.rounds[min(self.passes, len(self.rounds) - 1)]
+        self.passes += 1
+        return iter(batches)
+
+
+def run_lightning(task: Task, rounds: int) -> float:
+    """Lightning's loop alone (no federation, no weight resets): same batches and steps as the sequential engine."""
+    torch.manual_seed(0)
+    module = _PlainWithOptimizer(create(task.model, **task.model_kwargs), task.lr)
+    clock = _RoundClock()
+    trainer = Trainer(
+        max_epochs=rounds,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+    )
+    trainer.fit(module, train_dataloaders=_RoundsOfBatches(task, rounds))
+    return per_round(clock.marks)
 
 
 def run_cohort(task: Task, rounds: int, compile: bool | str) -> tuple[float, float]:
@@ -318,6 +369,7 @@ def main() -> None:
         task = make_task(name)
         runners = {
             "lean": lambda task=task: run_lean(task, args.rounds),
+            "lightning": lambda task=task: run_lightning(task, args.rounds),
             "sequential": lambda task=task: run_strategy(task, args.rounds, "sequential"),
             "vmap": lambda task=task: run_strategy(task, args.rounds, "vmap"),
             "cohort eager": lambda task=task: run_cohort(task, args.rounds, False),
@@ -345,6 +397,8 @@ def main() -> None:
             row[key]["first_round_s"] = first
         ratios = {
             "sequential/lean (time)": times["sequential"] / times["lean"],
+            "lightning/lean (time): Lightning's loop alone": times["lightning"] / times["lean"],
+            "sequential/lightning (time): the federation's own cost": times["sequential"] / times["lightning"],
             "vmap/lean (time)": times["vmap"] / times["lean"],
             "sequential/vmap (speed-up of vmap)": times["sequential"] / times["vmap"],
             "vmap samples/s / central samples/s": times["central"] / times["vmap"],

@@ -35,6 +35,7 @@ from torch import Tensor
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundShares
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlan, RoundPlanner
+from lightning_fedhet.flat import all_finite
 from lightning_fedhet.history import round_record
 
 OPTIMIZER_STATES = ("reset", "persist")
@@ -109,7 +110,7 @@ class Server:
         self.num_parameters = int(num_parameters)
         self.optimizer_state = optimizer_state
         self.global_vector = init_vector.detach().clone()
-        sizes = torch.as_tensor(planner.streams.sizes, dtype=torch.int64)
+        sizes = torch.tensor(planner.streams.sizes, dtype=torch.int64)
         alpha = sizes.to(torch.float64) if client_weights == "samples" else None
         algorithm.setup(planner.num_clients, self.global_vector[: self.num_parameters], alpha, sizes)
         if algorithm.memory_bytes > LARGE_MEMORY_BYTES:
@@ -197,7 +198,7 @@ class Server:
             self._client_optimizer_states[client] = optimizer_state
         if not bool(self.plan.arrives[client]):
             return False
-        if not bool(torch.isfinite(delta).all()):
+        if not all_finite(delta):
             self._reject(client)
             return False
         if self.max_update_norm is not None:
@@ -249,7 +250,7 @@ class Server:
         self._check_open()
         plan = self.plan
         params = self.algorithm.close_round()
-        if not bool(torch.isfinite(params).all()):
+        if not all_finite(params):
             raise FloatingPointError(f"round {plan.round}: the algorithm produced non-finite global parameters")
         vector = self.global_vector.clone()
         vector[: self.num_parameters] = params.to(vector)

@@ -51,6 +51,7 @@ from lightning_fedhet.asynchronous.rules import (
     resolve_per_task,
     split_budget,
 )
+from lightning_fedhet.flat import all_finite
 from lightning_fedhet.participation.full import Full
 from lightning_fedhet.participation.uniform import UniformSample
 from lightning_fedhet.seeding import Stream, generator
@@ -317,7 +318,7 @@ class TaskServer:
         if delta.shape != st.params.shape:
             raise ValueError(f"delta of task {request.task!r} must have shape {tuple(st.params.shape)}, "
                              f"got {tuple(delta.shape)}")
-        if not bool(torch.isfinite(delta).all()):
+        if not all_finite(delta):
             st.rejected.append(request.seq)
             self.rejected_total += 1
             return False

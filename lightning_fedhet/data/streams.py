@@ -43,6 +43,9 @@ class ClientStreams:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
         self.client_indices = [np.asarray(c, dtype=np.int64) for c in client_indices]
+        # read on every submitted update: computed once, read-only so no caller can change it by accident
+        self._sizes = np.array([len(c) for c in self.client_indices], dtype=np.int64)
+        self._sizes.flags.writeable = False
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.collate_fn = collate_fn or default_collate
@@ -59,7 +62,8 @@ class ClientStreams:
 
     @property
     def sizes(self) -> np.ndarray:
-        return np.array([len(c) for c in self.client_indices], dtype=np.int64)
+        """Samples per client, ``|D_i|`` (int64 ``[N]``, read-only)."""
+        return self._sizes
 
     def batch_indices(self, round: int, client: int, num_steps: int) -> list[np.ndarray]:
         """Dataset indices of client ``client``'s ``num_steps`` mini-batches in round ``round``."""

@@ -480,11 +480,12 @@ class VmapEngine(Engine):
         server = self.server
         vector = server.global_vector
         num_parameters = self.flat.num_parameters
+        has_buffers = vector.numel() > num_parameters
         for cohort in self.cohorts:
             deltas = cohort.flat_params().to(vector) - vector[:num_parameters]
+            if has_buffers:  # the cohort keeps the global buffers (no running statistics): their change is zero
+                deltas = torch.cat([deltas, deltas.new_zeros(len(deltas), vector.numel() - num_parameters)], dim=1)
             mean_losses = cohort.mean_losses().tolist()  # one host sync per cohort, not per step
-            for i, client in enumerate(cohort.clients):
-                delta = vector.new_zeros(vector.shape)
-                delta[:num_parameters] = deltas[i]
-                server.submit(client, delta, mean_losses[i])
+            for client, delta, loss in zip(cohort.clients, deltas, mean_losses):
+                server.submit(client, delta, loss)
         self.cohorts = []
