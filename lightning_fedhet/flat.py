@@ -70,3 +70,15 @@ def all_finite(vector: Tensor) -> bool:
         return all_finite(torch.view_as_real(vector))
     low, high = torch.aminmax(vector.reshape(-1))
     return bool(torch.isfinite(torch.stack([low, high])).all())
+
+
+def rows_finite(matrix: Tensor) -> Tensor:
+    """Whether each row of ``matrix`` ``[C, d]`` is entirely finite: bool ``[C]``, as :func:`all_finite` per row."""
+    if matrix.dim() != 2:
+        raise ValueError(f"rows_finite needs a [C, d] matrix, got shape {tuple(matrix.shape)}")
+    if matrix.shape[1] == 0 or not (matrix.is_floating_point() or matrix.is_complex()):
+        return torch.ones(matrix.shape[0], dtype=torch.bool, device=matrix.device)
+    if matrix.is_complex():
+        return rows_finite(torch.view_as_real(matrix).reshape(matrix.shape[0], -1))
+    low, high = torch.aminmax(matrix, dim=1)
+    return torch.isfinite(low) & torch.isfinite(high)

@@ -26,7 +26,7 @@ Robustness: an update that is not finite, or whose parameter norm exceeds ``max_
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +35,7 @@ from torch import Tensor
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundShares
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlan, RoundPlanner
-from lightning_fedhet.flat import all_finite
+from lightning_fedhet.flat import all_finite, rows_finite
 from lightning_fedhet.history import round_record
 
 OPTIMIZER_STATES = ("reset", "persist")
@@ -193,12 +193,42 @@ class Server:
         otherwise. ``int_delta`` is the change of the integer buffers (int64 ``[m]``). Returns whether it was
         aggregated.
         """
+        return self._take(client, delta, loss, optimizer_state, int_delta, finite=None)
+
+    def submit_cohort(self, clients: Sequence[int], deltas: Tensor, losses: Sequence[float]) -> list[bool]:
+        """Several trained clients' updates at once: row ``k`` of ``deltas`` (``[C, d]``) is client ``clients[k]``'s.
+
+        The same as :meth:`submit` for each row in order (no optimizer state, no integer buffers), with one
+        finiteness check and one host sync for the whole cohort. Returns whether each update was aggregated.
+        """
+        if deltas.dim() != 2 or deltas.shape[0] != len(clients) or len(losses) != len(clients):
+            raise ValueError(
+                f"submit_cohort needs one delta row and one loss per client: {len(clients)} clients, deltas of "
+                f"shape {tuple(deltas.shape)}, {len(losses)} losses"
+            )
+        self._check_open()
+        finite = rows_finite(deltas).tolist()
+        return [
+            self._take(client, delta, loss, None, None, finite=ok)
+            for client, delta, loss, ok in zip(clients, deltas, losses, finite)
+        ]
+
+    def _take(
+        self,
+        client: int,
+        delta: Tensor,
+        loss: float,
+        optimizer_state: list[dict] | None,
+        int_delta: Tensor | None,
+        finite: bool | None,
+    ) -> bool:
+        """:meth:`submit`'s work; ``finite`` is the update's finiteness when the caller already checked it."""
         self._check_open()
         if optimizer_state is not None and self.optimizer_state == "persist":
             self._client_optimizer_states[client] = optimizer_state
         if not bool(self.plan.arrives[client]):
             return False
-        if not all_finite(delta):
+        if not (all_finite(delta) if finite is None else finite):
             self._reject(client)
             return False
         if self.max_update_norm is not None:

@@ -21,9 +21,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_fedhet._checks import check_choice
 from lightning_fedhet.algorithms.base import Algorithm
@@ -31,7 +33,7 @@ from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.assembly import build_server, check_arguments
 from lightning_fedhet.callbacks.round_metrics import RoundMetrics
 from lightning_fedhet.config_summary import federated_config
-from lightning_fedhet.engines.base import Engine
+from lightning_fedhet.engines.base import Engine, EngineBatch
 from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
@@ -41,6 +43,10 @@ from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import OPTIMIZER_STATES, Server
 
 ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
+
+
+#: the module's and the datamodule's hooks that ``Strategy.batch_to_device`` calls
+_TRANSFER_HOOKS = ("transfer_batch_to_device", "on_after_batch_transfer")
 
 
 class FederatedStrategyMixin:
@@ -104,6 +110,7 @@ class FederatedStrategyMixin:
         self.update_norm_action = update_norm_action
         self.server: Server | None = None
         self.flat: FlatModel | None = None
+        self._plain_transfer = False  # set in setup(): no transfer hook is overridden
         self.compile = compile
         self._engine: Engine = ENGINES[engine](compile=compile)
         self._pending_state: dict | None = None
@@ -151,6 +158,11 @@ class FederatedStrategyMixin:
                 "model) or use check_val_every_n_epoch"
             )
         super().setup(trainer)
+        # Lightning dispatches the transfer hooks (about 40 us a batch on a CPU) even when nobody overrides them;
+        # every local step pays it, so the default behaviour is run directly when neither the module nor the
+        # datamodule overrides a hook.
+        owners = (trainer.lightning_module, trainer.datamodule)
+        self._plain_transfer = not any(is_overridden(hook, owner) for hook in _TRANSFER_HOOKS for owner in owners)
         if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _RoundHooks) for c in trainer.callbacks):
             # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round; the round's
             # metrics are published right after it (callback metrics, loggers, the federated config).
@@ -188,6 +200,13 @@ class FederatedStrategyMixin:
         self.algorithm.check_client_solver(self.optimizers[0], self.optimizer_state_mode)
         self._engine.setup(self.lightning_module, self.optimizers, self.server, self.flat, self.batch_to_device)
         return _RoundLoader(self._engine)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        if isinstance(batch, EngineBatch):  # the engine moves each piece when it uses it
+            return batch
+        if self._plain_transfer:  # what LightningModule.transfer_batch_to_device does, without the hook dispatch
+            return move_data_to_device(batch, device or self.root_device)
+        return super().batch_to_device(batch, device, dataloader_idx)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._engine.on_batch_start()
@@ -261,7 +280,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         num_clients: number of clients when the datamodule is a plain LightningDataModule.
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
         engine: ``"sequential"`` (one client at a time through Lightning's loop, any module) or ``"vmap"`` (the
-            round's cohort in lock-step with ``torch.func``).
+            round's cohort in lock-step with ``torch.func``, one Lightning step per round).
         compile: ``engine="vmap"`` only: ``True`` compiles the cohort step with ``torch.compile``,
             ``"reduce-overhead"`` adds CUDA graphs on a GPU; a model that cannot be compiled falls back to the
             eager cohort with one warning (see docs/performance.md for when it pays).

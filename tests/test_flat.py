@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lightning_fedhet.flat import all_finite
+from lightning_fedhet.flat import all_finite, rows_finite
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -34,3 +34,13 @@ def test_a_matrix_is_checked_entrywise():
     matrix = torch.zeros(3, 4)
     matrix[2, 3] = float("nan")
     assert not all_finite(matrix)
+
+
+def test_rows_finite_matches_isfinite_per_row():
+    matrix = torch.randn(5, 7)
+    matrix[1, 3], matrix[3, 0], matrix[4, 6] = float("nan"), float("inf"), -float("inf")
+    expected = [True, False, True, False, False]
+    assert rows_finite(matrix).tolist() == torch.isfinite(matrix).all(dim=1).tolist() == expected
+    assert rows_finite(torch.zeros(2, 0)).tolist() == [True, True]
+    with pytest.raises(ValueError, match=r"\[C, d\] matrix"):
+        rows_finite(torch.zeros(3))

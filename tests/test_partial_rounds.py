@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -18,20 +20,68 @@ def _data() -> FederatedDataModule:
     return FederatedDataModule(ds, [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5, val_dataset=ds)
 
 
-@pytest.mark.parametrize("engine", ["sequential", "vmap"])
 @pytest.mark.parametrize(
     "trainer_kwargs",
     [dict(fast_dev_run=True), dict(max_steps=7, max_epochs=5), dict(limit_train_batches=2, max_epochs=2)],
     ids=["fast_dev_run", "max_steps", "limit_train_batches"],
 )
-def test_a_cut_round_is_closed_and_the_module_holds_the_global_model(engine, trainer_kwargs):
-    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine=engine)
+def test_a_cut_round_is_closed_and_the_module_holds_the_global_model(trainer_kwargs):
+    # sequential engine: a Lightning step is one client's local step, so these settings stop mid-round
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
     model = TinyClassifier()
     trainer = quiet_trainer(strategy=strategy, limit_val_batches=0, **trainer_kwargs)
     with pytest.warns(UserWarning, match="cut short"):
         trainer.fit(model, datamodule=_data())
     assert not strategy.server.round_open
     assert strategy.history and not strategy.history[-1]["complete"]
+    torch.testing.assert_close(flat_params(model), strategy.global_params, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs, rounds",
+    [
+        (dict(fast_dev_run=True), 1),
+        (dict(max_steps=3, max_epochs=5), 3),
+        (dict(limit_train_batches=2, max_epochs=2), 2),
+    ],
+    ids=["fast_dev_run", "max_steps", "limit_train_batches"],
+)
+def test_under_vmap_a_lightning_step_is_a_whole_round(trainer_kwargs, rounds):
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="vmap")
+    model = TinyClassifier()
+    trainer = quiet_trainer(strategy=strategy, limit_val_batches=0, **trainer_kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*cut short.*")
+        trainer.fit(model, datamodule=_data())
+    assert trainer.global_step == rounds
+    assert [h["complete"] for h in strategy.history] == [True] * rounds
+    assert all(len(h["received"]) == 4 for h in strategy.history)
+    torch.testing.assert_close(flat_params(model), strategy.global_params, rtol=0, atol=0)
+
+
+class _FailsAtCall(TinyClassifier):
+    """Raises in its ``fail_at``-th ``training_step`` call (under vmap: inside the cohort's second lock-step)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.calls, self.fail_at = 0, fail_at
+
+    def training_step(self, batch, batch_idx):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("simulated failure inside a round")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_an_exception_inside_a_round_leaves_the_global_model(engine):
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine=engine)
+    model = _FailsAtCall(fail_at=2)
+    trainer = quiet_trainer(strategy=strategy, limit_val_batches=0, max_epochs=2)
+    with pytest.raises(RuntimeError, match="simulated failure"), pytest.warns(UserWarning, match="cut short"):
+        trainer.fit(model, datamodule=_data())
+    assert not strategy.server.round_open
+    assert strategy.history[-1]["complete"] is False
     torch.testing.assert_close(flat_params(model), strategy.global_params, rtol=0, atol=0)
 
 
@@ -59,3 +109,26 @@ def test_validation_inside_a_round_sees_the_global_model():
     assert len(probe.pairs) == 6
     for logged, expected in probe.pairs:
         assert logged == pytest.approx(expected, abs=1e-5)
+
+
+class _DoublesInputs(TinyClassifier):
+    """Doubles the inputs in ``on_after_batch_transfer``: a user's transfer hook must still run on every batch."""
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        x, y = batch
+        return 2 * x, y
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_a_users_transfer_hook_runs_on_every_local_batch(engine):
+    # With inputs doubled by the hook, training on x must equal training a plain model on 2 x.
+    data, doubled = _data(), _data()
+    x, y = doubled.train_dataset.tensors
+    doubled.train_dataset.tensors = (2 * x, y)
+    hooked, plain = _DoublesInputs(), TinyClassifier()
+    plain.load_state_dict(hooked.state_dict())
+    for model, datamodule in ((hooked, data), (plain, doubled)):
+        strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine=engine)
+        quiet_trainer(strategy=strategy, limit_val_batches=0, max_epochs=2).fit(model, datamodule=datamodule)
+    torch.testing.assert_close(flat_params(hooked), flat_params(plain), rtol=0, atol=0)
+    assert not torch.equal(flat_params(hooked), flat_params(TinyClassifier()))

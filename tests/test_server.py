@@ -146,3 +146,42 @@ def test_cafed_probe_losses_are_each_available_clients_loss_at_the_global_model(
             idx = torch.from_numpy(streams.probe_indices(round, client))
             expected = F.cross_entropy(x[idx] @ weight.view(3, 5).T + bias, y[idx])
             assert float(losses[client]) == pytest.approx(float(expected), abs=1e-5)
+
+
+def _server_with_lossy_uplink(seed: int = 3):
+    """Four clients (sizes 1..4), all available; client 3 loses its upload (q = 0.999999, fixed seed); FedAvg
+    weighted by samples."""
+    from lightning_fedhet.data.streams import ClientStreams
+    from lightning_fedhet.federation import RoundPlanner
+    from lightning_fedhet.participation import Full
+    from lightning_fedhet.server import Server
+
+    dataset = TensorDataset(torch.zeros(10, 1))
+    streams = ClientStreams(dataset, [[0], [1, 2], [3, 4, 5], [6, 7, 8, 9]], batch_size=2, seed=seed)
+    algorithm = FedAvg(weighting="samples")
+    channel = LossyChannel(uplink=[0.0, 0.0, 0.0, 0.999999])
+    planner = RoundPlanner(Full(), algorithm, streams, channel=channel, seed=seed)
+    return Server(planner, algorithm, torch.zeros(3), num_parameters=3)
+
+
+def test_submit_cohort_equals_submitting_each_row():
+    deltas = torch.tensor([[1.0, 2.0, 3.0], [float("nan"), 0.0, 0.0], [3.0, -3.0, 6.0], [5.0, 5.0, 5.0]])
+    losses = [0.1, 0.2, 0.3, 0.4]
+    one_by_one, cohort = _server_with_lossy_uplink(), _server_with_lossy_uplink()
+    for server in (one_by_one, cohort):
+        server.begin_round(0)
+    taken = [one_by_one.submit(c, deltas[c], losses[c]) for c in range(4)]
+    assert cohort.submit_cohort([0, 1, 2, 3], deltas, losses) == taken == [True, False, True, False]
+    # by hand: rows 0 and 2 arrive (row 1 is NaN, rejected; client 3's upload is lost), weights |D_i| = 1 and 3
+    expected = (1 * deltas[0] + 3 * deltas[2]) / 4
+    for server in (one_by_one, cohort):
+        torch.testing.assert_close(server.close_round(), expected)
+        assert server.rejected_total == 1
+        assert server.history[-1]["received"].tolist() == [0, 2]
+
+
+def test_submit_cohort_needs_one_row_and_one_loss_per_client():
+    server = _server_with_lossy_uplink()
+    server.begin_round(0)
+    with pytest.raises(ValueError, match="one delta row and one loss per client"):
+        server.submit_cohort([0, 1], torch.zeros(3, 3), [0.0, 0.0])

@@ -96,7 +96,8 @@ class ClientStreams:
         """One mini-batch per client, stacked on a leading client dim, from indices ``[C, B]`` (vmap engine)."""
         if self._sliceable:
             index = torch.from_numpy(indices)
-            return [t[index] for t in self.dataset.tensors]
+            flat = index.reshape(-1)
+            return [_rows(t, flat).view(*index.shape, *t.shape[1:]) for t in self.dataset.tensors]
         return stack_batches([self.collate_fn([self.dataset[int(i)] for i in row]) for row in indices])
 
     def iterate(self, schedule: Sequence[np.ndarray]) -> Iterator:
@@ -105,7 +106,7 @@ class ClientStreams:
             tensors = self.dataset.tensors
             for idx in schedule:
                 index = torch.from_numpy(idx)
-                yield [t[index] for t in tensors]
+                yield [_rows(t, index) for t in tensors]
             return
         if not schedule:
             return
@@ -117,6 +118,11 @@ class ClientStreams:
             pin_memory=self.pin_memory,
         )
         yield from loader
+
+
+def _rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``tensor[index]`` for a 1-D index (``index_select``: about twice as fast as advanced indexing on a CPU)."""
+    return tensor.index_select(0, index.to(tensor.device, non_blocking=True))
 
 
 def stack_batches(batches: Sequence) -> object:

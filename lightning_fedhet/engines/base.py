@@ -4,7 +4,7 @@ The strategy picks one engine at setup and forwards Lightning's hooks to it; the
 :class:`~lightning_fedhet.server.Server` for the round's plan, starts every client through
 :meth:`Server.start_client` (global weights, the rule's per-client config, optimizer state), trains, and hands each
 trained client's delta to :meth:`Server.submit`. Lightning iterates :meth:`Engine.round_batches`; each item is one
-Lightning step (one client's local step for the sequential engine, one lock-step of the whole cohort for vmap).
+Lightning step (one client's local step for the sequential engine, the whole round of the cohort for vmap).
 
 Engines count the round's steps themselves (``on_batch_start``/``on_batch_end`` pairs) instead of trusting
 Lightning's ``batch_idx``, which does not restart at 0 when a fit resumes inside an epoch.
@@ -25,6 +25,15 @@ from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.server import ClientStart, Server
 
 BatchToDevice = Callable[[Any], Any]
+
+
+class EngineBatch:
+    """A Lightning batch that the engine moves to the device itself, piece by piece, as it uses it.
+
+    The strategy's ``batch_to_device`` passes it through unchanged; the engine sends each piece through the
+    strategy's usual transfer (the module's ``transfer_batch_to_device`` and ``on_after_batch_transfer`` hooks), so
+    a round's data never has to be on the device all at once.
+    """
 
 
 class Engine:

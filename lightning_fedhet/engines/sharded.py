@@ -254,7 +254,7 @@ class ShardedVmapEngine(ShardedEngine, VmapEngine):
     trains_module = False
 
     def lightning_steps(self, plan: RoundPlan) -> int:
-        return int(plan.local_steps.max()) if bool(plan.trained.any()) else 0
+        return 1 if bool(plan.trained.any()) else 0  # one Lightning step is the whole round
 
 
 SHARDED_ENGINES: dict[str, type[ShardedEngine]] = {"sequential": ShardedSequentialEngine, "vmap": ShardedVmapEngine}
