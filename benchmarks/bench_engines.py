@@ -413,6 +413,9 @@ def main() -> None:
         if "flower" in times:
             ratios["flower/sequential (time)"] = times["flower"] / times["sequential"]
             ratios["flower/cohort compiled (time)"] = times["flower"] / times["cohort compiled"]
+            ratios["flower/vmap (time)"] = times["flower"] / times["vmap"]
+            if "vmap compiled" in times:
+                ratios["flower/vmap compiled (time)"] = times["flower"] / times["vmap compiled"]
         results["tasks"][name] = {
             "per_executor": row,
             "ratios": ratios,
