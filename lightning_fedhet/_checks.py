@@ -128,6 +128,8 @@ def check_real(
 
 def check_int(value: Any, name: str, low: int = 1, high: int | None = None) -> int:
     """``value`` as a Python int in ``[low, high]`` (floats with an integral value are accepted; bools are not)."""
+    if type(value) is int and value >= low and (high is None or value <= high):
+        return value  # the common case, checked on every submitted update: no abstract-class look-ups
     bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
     scalar = _real_scalar(value)
     if scalar is None:
