@@ -157,6 +157,20 @@ class FederatedStrategyMixin:
                 "length is only known when it starts: pass an int number of steps (validation then sees the global "
                 "model) or use check_val_every_n_epoch"
             )
+        interval = trainer.val_check_interval
+        if (
+            self._engine.one_step_per_round
+            and isinstance(interval, int)
+            and interval > 1
+            and trainer.check_val_every_n_epoch is not None
+        ):
+            # Lightning counts an int interval inside the epoch, which is one step here: it would never validate
+            raise ValueError(
+                f"Trainer(val_check_interval={interval}) counts steps inside an epoch, but with "
+                f"engine={self.engine!r} a round (an epoch) is one Lightning step, so validation would never run: "
+                f"add check_val_every_n_epoch=None to validate every {interval} rounds, or pass "
+                f"check_val_every_n_epoch={interval} instead"
+            )
         super().setup(trainer)
         # Lightning dispatches the transfer hooks (about 40 us a batch on a CPU) even when nobody overrides them;
         # every local step pays it, so the default behaviour is run directly when neither the module nor the

@@ -132,3 +132,25 @@ def test_a_users_transfer_hook_runs_on_every_local_batch(engine):
         quiet_trainer(strategy=strategy, limit_val_batches=0, max_epochs=2).fit(model, datamodule=datamodule)
     torch.testing.assert_close(flat_params(hooked), flat_params(plain), rtol=0, atol=0)
     assert not torch.equal(flat_params(hooked), flat_params(TinyClassifier()))
+
+
+class _ValidationSteps(Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def test_under_vmap_an_int_val_check_interval_counts_rounds_or_is_refused():
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="vmap")
+    seen = _ValidationSteps()
+    trainer = quiet_trainer(
+        strategy=strategy, max_epochs=6, val_check_interval=3, check_val_every_n_epoch=None, callbacks=[seen]
+    )
+    trainer.fit(TinyClassifier(), datamodule=_data())
+    assert seen.steps == [3, 6]  # after rounds 3 and 6
+    # Lightning alone would count 3 steps inside each one-step epoch and never validate: refused with the fix
+    refused = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="vmap")
+    with pytest.raises(ValueError, match=r"val_check_interval=3.*check_val_every_n_epoch=None"):
+        quiet_trainer(strategy=refused, max_epochs=2, val_check_interval=3).fit(TinyClassifier(), datamodule=_data())

@@ -56,6 +56,8 @@ class Engine:
     keeps_client_optimizer_state = True
     #: whether the engine takes ``compile=`` (a compiled step)
     supports_compile = False
+    #: whether a whole round is one Lightning step (else one client's local step is)
+    one_step_per_round = False
 
     def __init__(self, compile: bool | str = False) -> None:
         if compile and not self.supports_compile:

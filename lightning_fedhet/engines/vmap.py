@@ -1,9 +1,11 @@
 """The vmap cohort engine: a whole round's cohort trains at once with ``torch.func``.
 
 One Lightning step is one whole round: :meth:`VmapEngine.training_step` runs every local step of the cohort (a
-:class:`CohortRound` yields them one at a time), so ``trainer.global_step``, ``max_steps`` and an integer
-``val_check_interval`` count rounds, and Lightning's per-step loop (hooks, closure, optimizer wrapper: about 0.4 ms
-per step on a 2-core CPU) runs once per round instead of once per local step.
+:class:`CohortRound` yields them one at a time). So ``trainer.global_step``, ``max_steps`` and an integer
+``val_check_interval`` count rounds (the interval with ``check_val_every_n_epoch=None``; without it the strategy
+refuses an interval above 1, which Lightning would count inside the one-step epoch and never reach), and Lightning's
+per-step loop (hooks, closure, optimizer wrapper: about 0.4 ms per step on a 2-core CPU) runs once per round
+instead of once per local step.
 
 Each client's parameters are one row of stacked tensors ``[C, *shape]``. One local step of the cohort is a
 single ``vmap(grad_and_value(training_step))`` call over the stacked parameters and the stacked client
@@ -432,6 +434,7 @@ class VmapEngine(Engine):
     name = "vmap"
     keeps_client_optimizer_state = False
     supports_compile = True
+    one_step_per_round = True
 
     def __init__(self, compile: bool | str = False) -> None:
         _compile_mode(compile)  # validate now, before any work
