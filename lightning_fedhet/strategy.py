@@ -111,6 +111,8 @@ class FederatedStrategyMixin:
         self.server: Server | None = None
         self.flat: FlatModel | None = None
         self._plain_transfer = False  # set in setup(): no transfer hook is overridden
+        self._epoch_steps = 0  # Lightning steps in the current epoch (round)
+        self._warned_unreached_validation = False
         self.compile = compile
         self._engine: Engine = ENGINES[engine](compile=compile)
         self._pending_state: dict | None = None
@@ -260,7 +262,28 @@ class FederatedStrategyMixin:
 
     def on_round_batch_end(self, outputs: Any) -> None:
         """After each Lightning step (called from the internal callback, before any user callback)."""
+        self._epoch_steps += 1
         self._engine.on_batch_end(outputs)
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """After each epoch: close a round cut short, and say once if an int ``val_check_interval`` was out of reach."""
+        self.end_partial_round()
+        interval, steps = trainer.val_check_interval, self._epoch_steps
+        self._epoch_steps = 0
+        if (
+            isinstance(interval, int)
+            and trainer.check_val_every_n_epoch is not None
+            and 0 < steps < interval
+            and not self._warned_unreached_validation
+        ):
+            # Lightning counts an int interval inside each epoch, and a round can be shorter than the interval
+            self._warned_unreached_validation = True
+            warnings.warn(
+                f"Trainer(val_check_interval={interval}) was not reached in round {self.server.next_round - 1}, "
+                f"which had {steps} Lightning step(s): Lightning counts the interval inside each epoch (round), so "
+                f"that round was not validated. Add check_val_every_n_epoch=None to count steps across rounds",
+                stacklevel=2,
+            )
 
     def end_partial_round(self) -> None:
         """Close a round that Lightning cut short, so the module and the server hold the global model."""
@@ -400,7 +423,7 @@ class _RoundHooks(Callback):
         self.strategy.on_round_batch_end(outputs)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.strategy.end_partial_round()
+        self.strategy.end_epoch(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.strategy.end_partial_round()

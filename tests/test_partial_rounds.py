@@ -154,3 +154,25 @@ def test_under_vmap_an_int_val_check_interval_counts_rounds_or_is_refused():
     refused = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="vmap")
     with pytest.raises(ValueError, match=r"val_check_interval=3.*check_val_every_n_epoch=None"):
         quiet_trainer(strategy=refused, max_epochs=2, val_check_interval=3).fit(TinyClassifier(), datamodule=_data())
+
+
+def test_an_int_val_check_interval_longer_than_a_round_is_reported_once():
+    # 4 clients x 3 local steps = 12 sequential steps a round: an interval of 20 is never reached inside a round
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    seen = _ValidationSteps()
+    trainer = quiet_trainer(strategy=strategy, max_epochs=3, val_check_interval=20, callbacks=[seen])
+    message = r"val_check_interval=20\) was not reached in round 0.*12 Lightning step"
+    with pytest.warns(UserWarning, match=message) as got:
+        trainer.fit(TinyClassifier(), datamodule=_data())
+    assert seen.steps == []
+    assert sum("was not reached" in str(w.message) for w in got) == 1
+    # counted across rounds instead: 3 rounds are 36 steps, validated once, after step 20
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    seen = _ValidationSteps()
+    trainer = quiet_trainer(
+        strategy=strategy, max_epochs=3, val_check_interval=20, check_val_every_n_epoch=None, callbacks=[seen]
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*was not reached.*")
+        trainer.fit(TinyClassifier(), datamodule=_data())
+    assert seen.steps == [20]
