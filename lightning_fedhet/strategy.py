@@ -214,6 +214,7 @@ class FederatedStrategyMixin:
                 self.server.load_state_dict(self._pending_state)
                 self._pending_state = None
         self.algorithm.check_client_solver(self.optimizers[0], self.optimizer_state_mode)
+        self._engine.check_lr_schedulers([config.interval for config in self.lr_scheduler_configs])
         self._engine.setup(self.lightning_module, self.optimizers, self.server, self.flat, self.batch_to_device)
         return _RoundLoader(self._engine)
 

@@ -93,6 +93,10 @@ class Engine:
         self.step = 0
         self.flat.set(server.global_vector)
 
+    def check_lr_schedulers(self, intervals: list[str]) -> None:
+        """Refuse learning-rate schedules the engine cannot follow; ``intervals`` are the schedulers' ``"step"`` /
+        ``"epoch"`` settings from ``configure_optimizers``. Every schedule is followed by default."""
+
     # ------------------------------------------------------------------ one round
     def round_batches(self) -> Iterator:
         """Open the next round and return what Lightning iterates for it (nothing if nobody trains)."""

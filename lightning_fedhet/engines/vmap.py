@@ -25,8 +25,10 @@ them once per round instead of converting a value per client per step.
 Limits (each raises :class:`VmapUnsupported` naming the cause and the ``engine="sequential"`` fallback):
 modules with running statistics (BatchNorm), optimizers whose state is not elementwise (LBFGS, ...),
 per-client persistent optimizer state, data-dependent Python control flow in ``training_step`` (caught when
-``torch.func`` refuses it), manual optimization. ``self.log`` inside ``training_step`` works: each logged
-value is computed per client and the strategy logs their mean.
+``torch.func`` refuses it), manual optimization, learning-rate schedulers with ``interval="step"`` (they would
+advance once per round here; ``"epoch"`` schedulers advance once per round under both engines and give the same
+run). ``self.log`` inside ``training_step`` works: each logged value is computed per client and the strategy logs
+their mean.
 """
 
 from __future__ import annotations
@@ -458,6 +460,15 @@ class VmapEngine(Engine):
         # The cohort steps its own stacked copies and returns None to Lightning on purpose.
         warnings.filterwarnings("ignore", message=r"`training_step` returned `None`.*")
         super().setup(module, optimizers, server, flat, to_device)
+
+    def check_lr_schedulers(self, intervals: list[str]) -> None:
+        if "step" in intervals:
+            # The cohort reads the learning rate when the round starts, and Lightning steps a "step" scheduler once per
+            # round here against once per local step of every client under the sequential engine.
+            raise VmapUnsupported(
+                "a learning-rate scheduler with interval='step' would advance once per round (one Lightning step) "
+                "instead of once per local step; use interval='epoch' (once per round) or"
+            )
 
     def _begin(self, plan: RoundPlan) -> None:
         server = self.server

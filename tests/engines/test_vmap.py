@@ -10,7 +10,7 @@ from lightning_fedhet import Dirichlet, FederatedDataModule, FedHetStrategy
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import synthetic_leaf
 from lightning_fedhet.engines.vmap import VmapUnsupported
-from lightning_fedhet.participation import Bernoulli
+from lightning_fedhet.participation import Bernoulli, UniformSample
 from lightning_fedhet.system import UniformSteps
 from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
@@ -113,3 +113,32 @@ def test_self_log_under_vmap_is_the_mean_of_per_client_values():
 def test_persist_optimizer_state_is_sequential_only():
     with pytest.raises(ValueError, match="persist"):
         FedHetStrategy(engine="vmap", optimizer_state="persist")
+
+
+class _Scheduled(TinyClassifier):
+    """Plain SGD with a learning rate halved by a scheduler every ``interval``."""
+
+    def __init__(self, interval: str) -> None:
+        super().__init__()
+        self.interval = interval
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.interval}}
+
+
+def _fit_scheduled(engine: str, interval: str) -> FedHetStrategy:
+    data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine=engine, seed=2)
+    quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0).fit(_Scheduled(interval), datamodule=data)
+    return strategy
+
+
+def test_an_epoch_scheduler_gives_the_sequential_run_and_a_step_scheduler_is_refused():
+    # once per round under both engines: the same learning rates, round by round
+    torch.testing.assert_close(
+        _fit_scheduled("vmap", "epoch").global_params, _fit_scheduled("sequential", "epoch").global_params
+    )
+    with pytest.raises(VmapUnsupported, match=r"interval='step'.*engine='sequential'"):
+        _fit_scheduled("vmap", "step")
