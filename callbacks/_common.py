@@ -14,7 +14,7 @@ def federated_strategy(trainer: pl.Trainer, owner: str) -> Any:
     """``trainer.strategy`` if it is a federated strategy (``FedHetStrategy``, ``FedHetDDPStrategy``); a TypeError
     naming ``owner`` otherwise."""
     # Imported here, not at module level: the strategy itself inserts RoundMetrics, so it imports this package.
-    from lightning_fedhet.strategy import FederatedStrategyMixin
+    from lightning_fedhet.strategy_base import FederatedStrategyMixin
 
     strategy = trainer.strategy
     if not isinstance(strategy, FederatedStrategyMixin):

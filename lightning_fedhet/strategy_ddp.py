@@ -30,7 +30,7 @@ from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.distributed import PLACEMENTS, ProcessGroupComm
 from lightning_fedhet.engines.sharded import SHARDED_ENGINES, ShardedEngine
 from lightning_fedhet.participation.base import Participation
-from lightning_fedhet.strategy import FederatedStrategyMixin
+from lightning_fedhet.strategy_base import FederatedStrategyMixin
 
 
 class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):

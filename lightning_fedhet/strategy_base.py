@@ -1,0 +1,331 @@
+"""The Lightning plumbing every federated strategy shares (one process and many).
+
+:class:`FederatedStrategyMixin` is mixed in before a Lightning strategy class (``SingleDeviceStrategy`` for
+:class:`~lightning_fedhet.strategy.FedHetStrategy`, ``DDPStrategy`` for ``FedHetDDPStrategy``). It validates and keeps
+the federation's arguments, builds the :class:`~lightning_fedhet.server.Server` and binds the engine when Lightning
+hands over the train dataloader, forwards Lightning's batch hooks to the engine, swaps the global model in for
+validation inside a round, and carries the server's state in checkpoints. ``_RoundLoader`` makes each Lightning epoch
+one round; ``_RoundHooks`` ties the rounds to Lightning's batch and epoch hooks.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lightning_fedhet._checks import check_choice
+from lightning_fedhet.algorithms.base import Algorithm
+from lightning_fedhet.algorithms.fedavg import FedAvg
+from lightning_fedhet.assembly import build_server, check_arguments
+from lightning_fedhet.callbacks.round_metrics import RoundMetrics
+from lightning_fedhet.config_summary import federated_config
+from lightning_fedhet.engines.base import Engine, EngineBatch
+from lightning_fedhet.engines.sequential import SequentialEngine
+from lightning_fedhet.engines.vmap import VmapEngine
+from lightning_fedhet.flat import FlatModel
+from lightning_fedhet.participation.base import Participation
+from lightning_fedhet.participation.full import Full
+from lightning_fedhet.seeding import resolve_seed
+from lightning_fedhet.server import OPTIMIZER_STATES, Server
+
+ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
+
+
+#: the module's and the datamodule's hooks that ``Strategy.batch_to_device`` calls
+_TRANSFER_HOOKS = ("transfer_batch_to_device", "on_after_batch_transfer")
+
+
+class FederatedStrategyMixin:
+    """The Lightning plumbing shared by :class:`FedHetStrategy` (one process) and ``FedHetDDPStrategy`` (many).
+
+    Mixed in before a Lightning strategy class, whose methods it extends through ``super()``.
+    """
+
+    def _init_federation(
+        self,
+        *,
+        algorithm: Algorithm | None,
+        participation: Participation | None,
+        local_steps: Any,
+        selection: Any,
+        channel: Any,
+        latency: Any,
+        deadline: float | None,
+        num_clients: int | None,
+        partitioner: Any,
+        engine: str,
+        compile: bool | str,
+        seed: int | None,
+        optimizer_state: str,
+        client_weights: str,
+        max_update_norm: float | None,
+        update_norm_action: str,
+    ) -> None:
+        """Validate and keep the federation's arguments (shared by the strategies' ``__init__``)."""
+        check_choice(engine, "engine", tuple(ENGINES))
+        check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
+        if optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
+            raise ValueError(f"optimizer_state='persist' is not supported by engine={engine!r}; use 'sequential'")
+        check_arguments(
+            local_steps=local_steps,
+            num_clients=num_clients,
+            seed=seed,
+            deadline=deadline,
+            latency=latency,
+            optimizer_state=optimizer_state,
+            client_weights=client_weights,
+            participation=participation,
+            channel=channel,
+            max_update_norm=max_update_norm,
+            update_norm_action=update_norm_action,
+        )
+        self.algorithm = algorithm if algorithm is not None else FedAvg()
+        self.participation = participation if participation is not None else Full()
+        self.local_steps = local_steps
+        self.selection = selection
+        self.channel = channel
+        self.latency = latency
+        self.deadline = deadline
+        self.num_clients = num_clients
+        self.partitioner = partitioner
+        self.engine = engine
+        self.seed_argument = seed
+        self.optimizer_state_mode = optimizer_state
+        self.client_weights = client_weights
+        self.max_update_norm = max_update_norm
+        self.update_norm_action = update_norm_action
+        self.server: Server | None = None
+        self.flat: FlatModel | None = None
+        self._plain_transfer = False  # set in setup(): no transfer hook is overridden
+        self._epoch_steps = 0  # Lightning steps in the current epoch (round)
+        self._warned_unreached_validation = False
+        self.compile = compile
+        self._engine: Engine = ENGINES[engine](compile=compile)
+        self._pending_state: dict | None = None
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def seed(self) -> int:
+        """The seed of every draw: the explicit one, else Lightning's global seed, else 0."""
+        return resolve_seed(self.seed_argument)
+
+    def federated_config(self) -> dict:
+        """The federated experiment as a flat, JSON-able dict (logged as every logger's hyper-parameters)."""
+        return federated_config(self)
+
+    @property
+    def history(self) -> list[dict]:
+        return [] if self.server is None else self.server.history
+
+    @property
+    def rejected_total(self) -> int:
+        return 0 if self.server is None else self.server.rejected_total
+
+    @property
+    def next_round(self) -> int:
+        return 0 if self.server is None else self.server.next_round
+
+    @property
+    def global_params(self) -> torch.Tensor | None:
+        """The current global model as a flat vector ``[d]`` (parameters, then floating buffers); None before fit."""
+        return None if self.server is None else self.server.global_vector
+
+    # ------------------------------------------------------------------ Lightning plumbing
+    def setup(self, trainer: pl.Trainer) -> None:
+        if trainer.accumulate_grad_batches != 1:
+            # accumulated gradients would leak from one client into the next
+            raise ValueError(
+                f"{type(self).__name__} needs Trainer(accumulate_grad_batches=1), got "
+                f"{trainer.accumulate_grad_batches}; set the clients' work with local_steps instead"
+            )
+        if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval < 1.0:
+            # a fraction of an epoch is undefined: rounds differ in length and are planned when they start
+            raise ValueError(
+                f"Trainer(val_check_interval={trainer.val_check_interval}) is a fraction of an epoch, but a round's "
+                "length is only known when it starts: pass an int number of steps (validation then sees the global "
+                "model) or use check_val_every_n_epoch"
+            )
+        interval = trainer.val_check_interval
+        if (
+            self._engine.one_step_per_round
+            and isinstance(interval, int)
+            and interval > 1
+            and trainer.check_val_every_n_epoch is not None
+        ):
+            # Lightning counts an int interval inside the epoch, which is one step here: it would never validate
+            raise ValueError(
+                f"Trainer(val_check_interval={interval}) counts steps inside an epoch, but with "
+                f"engine={self.engine!r} a round (an epoch) is one Lightning step, so validation would never run: "
+                f"add check_val_every_n_epoch=None to validate every {interval} rounds, or pass "
+                f"check_val_every_n_epoch={interval} instead"
+            )
+        super().setup(trainer)
+        # Lightning dispatches the transfer hooks (about 40 us a batch on a CPU) even when nobody overrides them;
+        # every local step pays it, so the default behaviour is run directly when neither the module nor the
+        # datamodule overrides a hook.
+        owners = (trainer.lightning_module, trainer.datamodule)
+        self._plain_transfer = not any(is_overridden(hook, owner) for hook in _TRANSFER_HOOKS for owner in owners)
+        if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _RoundHooks) for c in trainer.callbacks):
+            # First in the list, so user callbacks' batch-end/epoch-end hooks see the closed round; the round's
+            # metrics are published right after it (callback metrics, loggers, the federated config).
+            trainer.callbacks.insert(0, _RoundHooks(self))
+            if not any(isinstance(c, RoundMetrics) for c in trainer.callbacks):
+                trainer.callbacks.insert(1, RoundMetrics())
+
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer
+        if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
+            return dataloader
+        if self.server is None or self._pending_state is not None:
+            self.server, self.flat = build_server(
+                self.lightning_module,
+                dataloader,
+                trainer.datamodule,
+                algorithm=self.algorithm,
+                participation=self.participation,
+                local_steps=self.local_steps,
+                selection=self.selection,
+                channel=self.channel,
+                latency=self.latency,
+                deadline=self.deadline,
+                num_clients=self.num_clients,
+                partitioner=self.partitioner,
+                seed=self.seed,
+                client_weights=self.client_weights,
+                optimizer_state=self.optimizer_state_mode,
+                max_update_norm=self.max_update_norm,
+                update_norm_action=self.update_norm_action,
+            )
+            if self._pending_state is not None:
+                self.server.load_state_dict(self._pending_state)
+                self._pending_state = None
+        self.algorithm.check_client_solver(self.optimizers[0], self.optimizer_state_mode)
+        self._engine.check_lr_schedulers([config.interval for config in self.lr_scheduler_configs])
+        self._engine.setup(self.lightning_module, self.optimizers, self.server, self.flat, self.batch_to_device)
+        return _RoundLoader(self._engine)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        if isinstance(batch, EngineBatch):  # the engine moves each piece when it uses it
+            return batch
+        if self._plain_transfer:  # what LightningModule.transfer_batch_to_device does, without the hook dispatch
+            return move_data_to_device(batch, device or self.root_device)
+        return super().batch_to_device(batch, device, dataloader_idx)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._engine.on_batch_start()
+
+    def training_step(self, *args: Any, **kwargs: Any):
+        batch, batch_idx = args[0], args[1]
+        return self._engine.training_step(super().training_step, batch, batch_idx)
+
+    def on_validation_start(self) -> None:
+        self._engine.hold_global()
+
+    def on_validation_end(self) -> None:
+        self._engine.release_global()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        if self.server is not None:
+            checkpoint["fedhet"] = self._server_state()
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def _server_state(self) -> dict:
+        """The server's state as checkpoints hold it."""
+        return self.server.state_dict()
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(checkpoint_path)
+        if path.is_file() and path.stat().st_size == 0:
+            raise ValueError(f"checkpoint {str(path)!r} is empty (0 bytes): it was not written completely")
+        try:
+            checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+            raise ValueError(
+                f"checkpoint {str(checkpoint_path)!r} cannot be read ({type(err).__name__}): the file is truncated "
+                "or is not a Lightning checkpoint"
+            ) from err
+        self._pending_state = checkpoint.get("fedhet")
+        return checkpoint
+
+    def on_round_batch_end(self, outputs: Any) -> None:
+        """After each Lightning step (called from the internal callback, before any user callback)."""
+        self._epoch_steps += 1
+        self._engine.on_batch_end(outputs)
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """After each epoch: close a round cut short, and say once if an int ``val_check_interval`` was out of reach."""
+        self.end_partial_round()
+        interval, steps = trainer.val_check_interval, self._epoch_steps
+        self._epoch_steps = 0
+        if (
+            isinstance(interval, int)
+            and trainer.check_val_every_n_epoch is not None
+            and 0 < steps < interval
+            and not self._warned_unreached_validation
+        ):
+            # Lightning counts an int interval inside each epoch, and a round can be shorter than the interval
+            self._warned_unreached_validation = True
+            warnings.warn(
+                f"Trainer(val_check_interval={interval}) was not reached in round {self.server.next_round - 1}, "
+                f"which had {steps} Lightning step(s): Lightning counts the interval inside each epoch (round), so "
+                f"that round was not validated. Add check_val_every_n_epoch=None to count steps across rounds",
+                stacklevel=2,
+            )
+
+    def end_partial_round(self) -> None:
+        """Close a round that Lightning cut short, so the module and the server hold the global model."""
+        if self.server is None or not self.server.round_open:
+            return
+        plan = self.server.plan
+        self._engine.finish_partial_round()
+        record = self.server.history[-1]
+        warnings.warn(
+            f"round {plan.round} was cut short (max_steps, limit_train_batches, fast_dev_run or an interruption): "
+            f"it was closed with the {len(record['received'])} update(s) that had arrived; clients that had not "
+            "finished count as not arrived",
+            stacklevel=2,
+        )
+
+
+class _RoundLoader:
+    """The round's batches (no ``__len__``: rounds differ in length).
+
+    Lightning creates the epoch's iterator (and prefetches from it) before ``on_train_epoch_start``, so the round
+    is opened here. Rounds are counted by the server, not by ``trainer.current_epoch``, which still names the
+    previous epoch when a run resumes from an end-of-epoch checkpoint.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def __iter__(self):
+        return self.engine.round_batches()
+
+
+class _RoundHooks(Callback):
+    """Internal: ties rounds to Lightning's batch and epoch hooks."""
+
+    def __init__(self, strategy: FederatedStrategyMixin) -> None:
+        self.strategy = strategy
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.strategy.on_round_batch_end(outputs)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.strategy.end_epoch(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.strategy.end_partial_round()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.strategy.end_partial_round()
