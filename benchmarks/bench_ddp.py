@@ -36,10 +36,10 @@ SPEEDUPS = ("speedup_vs_1x2", "speedup_vs_1x1")  # torchvision resnet18(num_clas
 def child(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch import Callback
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_engines import _no_log_step, make_task
+    from bench_engines import _no_log_step, make_task, timed_trainer
 
     from lightning_fedhet import FedAvg, FederatedDataModule, FedHetDDPStrategy, FedHetStrategy, UniformSample
     from lightning_fedhet.classifier import Classifier
@@ -69,19 +69,7 @@ def child(args: argparse.Namespace) -> None:
         strategy, devices = FedHetStrategy(**settings), 1
     else:
         strategy, devices = FedHetDDPStrategy(**settings), args.procs
-    trainer = Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        devices=devices,
-        max_epochs=args.rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[Clock()],
-    )
+    trainer = timed_trainer(args.rounds, Clock(), strategy=strategy, accelerator="cpu", devices=devices)
     trainer.fit(model, datamodule=data)
     cpu = (cpu_marks[-1] - cpu_marks[0]) / (len(cpu_marks) - 1)
     out = {

@@ -98,6 +98,22 @@ class _RoundClock(Callback):
         self.marks.append(time.perf_counter())
 
 
+def timed_trainer(rounds: int, clock: Callback, **kwargs) -> Trainer:
+    """A ``Trainer`` of ``rounds`` epochs with nothing but ``clock`` around the training: no validation, logger,
+    progress bar, checkpoint or model summary (``kwargs``: the strategy, devices, ...)."""
+    return Trainer(
+        max_epochs=rounds,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+        **kwargs,
+    )
+
+
 def per_round(marks: list[float]) -> float:
     return (marks[-1] - marks[0]) / (len(marks) - 1)
 
@@ -172,17 +188,7 @@ def run_lightning(task: Task, rounds: int) -> float:
     torch.manual_seed(0)
     module = _PlainWithOptimizer(create(task.model, **task.model_kwargs), task.lr)
     clock = _RoundClock()
-    trainer = Trainer(
-        max_epochs=rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[clock],
-    )
-    trainer.fit(module, train_dataloaders=_RoundsOfBatches(task, rounds))
+    timed_trainer(rounds, clock).fit(module, train_dataloaders=_RoundsOfBatches(task, rounds))
     return per_round(clock.marks)
 
 
@@ -221,18 +227,7 @@ def run_strategy(task: Task, rounds: int, engine: str, **options) -> float:
         **options,
     )
     clock = _RoundClock()
-    trainer = Trainer(
-        strategy=strategy,
-        max_epochs=rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[clock],
-    )
-    trainer.fit(model, datamodule=dm)
+    timed_trainer(rounds, clock, strategy=strategy).fit(model, datamodule=dm)
     return per_round(clock.marks)
 
 
