@@ -155,14 +155,9 @@ class FederatedStrategyMixin:
                 "length is only known when it starts: pass an int number of steps (validation then sees the global "
                 "model) or use check_val_every_n_epoch"
             )
-        interval = trainer.val_check_interval
-        if (
-            self._engine.one_step_per_round
-            and isinstance(interval, int)
-            and interval > 1
-            and trainer.check_val_every_n_epoch is not None
-        ):
-            # Lightning counts an int interval inside the epoch, which is one step here: it would never validate
+        interval = _interval_inside_epoch(trainer)
+        if self._engine.one_step_per_round and interval is not None and interval > 1:
+            # an epoch is one step here: the interval would never be reached
             raise ValueError(
                 f"Trainer(val_check_interval={interval}) counts steps inside an epoch, but with "
                 f"engine={self.engine!r} a round (an epoch) is one Lightning step, so validation would never run: "
@@ -265,15 +260,10 @@ class FederatedStrategyMixin:
     def end_epoch(self, trainer: pl.Trainer) -> None:
         """After each epoch: close a round cut short, and say once if an int ``val_check_interval`` was out of reach."""
         self.end_partial_round()
-        interval, steps = trainer.val_check_interval, self._epoch_steps
+        interval, steps = _interval_inside_epoch(trainer), self._epoch_steps
         self._epoch_steps = 0
-        if (
-            isinstance(interval, int)
-            and trainer.check_val_every_n_epoch is not None
-            and 0 < steps < interval
-            and not self._warned_unreached_validation
-        ):
-            # Lightning counts an int interval inside each epoch, and a round can be shorter than the interval
+        if interval is not None and 0 < steps < interval and not self._warned_unreached_validation:
+            # a round can be shorter than the interval (rounds differ in length)
             self._warned_unreached_validation = True
             warnings.warn(
                 f"Trainer(val_check_interval={interval}) was not reached in round {self.server.next_round - 1}, "
@@ -295,6 +285,15 @@ class FederatedStrategyMixin:
             "finished count as not arrived",
             stacklevel=2,
         )
+
+
+def _interval_inside_epoch(trainer: pl.Trainer) -> int | None:
+    """``Trainer(val_check_interval=N)`` when Lightning counts ``N`` steps inside each epoch (each round), i.e. an int
+    with ``check_val_every_n_epoch`` set; ``None`` otherwise (a fraction, or steps counted across epochs)."""
+    interval = trainer.val_check_interval
+    if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None:
+        return interval
+    return None
 
 
 class _RoundLoader:
