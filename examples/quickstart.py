@@ -75,7 +75,7 @@ def main() -> float:
     trainer = Trainer(
         strategy=strategy,
         max_epochs=args.rounds,  # one epoch = one communication round
-        check_val_every_n_epoch=5,
+        check_val_every_n_epoch=min(5, args.rounds),  # every 5 rounds (a short run: at its end)
         num_sanity_val_steps=0,
         logger=make_logger(args.logger, args.save_dir),
         default_root_dir=args.save_dir,

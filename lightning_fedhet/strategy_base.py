@@ -24,6 +24,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_fedhet._checks import check_choice
+from lightning_fedhet._third_party import quiet_third_party_notices
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.assembly import build_server, check_arguments
@@ -37,6 +38,8 @@ from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
 from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import OPTIMIZER_STATES, Server
+
+quiet_third_party_notices()
 
 ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
 

@@ -21,8 +21,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c "import lightning_fedhet, torchvision, lightning" >/dev/null 2>&1 \
    || ! cmp -s constraints.txt .venv/.constraints-installed; then
-  echo "[install] pip install -c constraints.txt -e .[dev] (torch + torchvision take about 2 minutes)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]" 2>&1 \
+  echo "[install] pip install -c constraints.txt -e .[dev,docs] (torch + torchvision take about 2 minutes)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,docs]" 2>&1 \
     | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import lightning_fedhet, torchvision, lightning"
   cp constraints.txt .venv/.constraints-installed
