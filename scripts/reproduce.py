@@ -1,0 +1,69 @@
+"""Reproductions of the papers' claims: run records, generated pages, and the check that they agree.
+
+    python scripts/reproduce.py list                                   # studies, protocols, cells, records so far
+    python scripts/reproduce.py run cafed --seeds 0-9 [--methods CA-Fed AdaFed] [--settings synthetic]
+    python scripts/reproduce.py report                                 # docs/results/ from the records
+    python scripts/reproduce.py check                                  # exit 1 if a committed page differs
+
+``run`` writes one JSON record per (setting, method, seed) to ``docs/results/records/<study>/<protocol>/`` and
+skips the ones that exist, so a study fills up over several sessions; ``report`` and ``check`` train nothing.
+See ``scripts/harness.py`` for the record format and ``docs/results/<study>/protocol-*.md`` for each protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a study's missing (cell, seed) records")
+    run.add_argument("study", choices=harness.STUDY_NAMES)
+    run.add_argument("--seeds", default=None, help="e.g. 0-9 or 0,2,5 (default: the protocol's seeds)")
+    run.add_argument("--methods", nargs="+", default=None, help="only these methods (default: all)")
+    run.add_argument("--settings", nargs="+", default=None, help="only these settings (default: all)")
+    run.add_argument("--one-seed-at-a-time", action="store_true",
+                     help="do not batch seeds into one run even where the study can")
+    sub.add_parser("report", help="regenerate every page and figure of docs/results/ from the records")
+    sub.add_parser("check", help="exit 1 when a committed page or figure differs from the records")
+    sub.add_parser("list", help="the studies, their protocols, cells and record counts")
+    args = parser.parse_args(argv)
+
+    if args.command == "run":
+        study = harness.load_study(args.study)
+        seeds = harness.parse_seeds(args.seeds, study.seeds)
+        new = harness.run_study(study, seeds, args.methods, args.settings, batch_seeds=not args.one_seed_at_a_time)
+        print(f"[{study.name}] {new} new record(s); run `python scripts/reproduce.py report` to update the pages")
+        return 0
+    if args.command == "report":
+        files = harness.copy_report()
+        print(f"wrote {len(files)} generated file(s) under {harness.RESULTS}")
+        return 0
+    if args.command == "check":
+        problems = harness.check()
+        if problems:
+            print("docs/results/ does not match its records:\n- " + "\n- ".join(problems))
+            print("regenerate with `python scripts/reproduce.py report` (and commit the records it reads)")
+            return 1
+        print("docs/results/ matches its records")
+        return 0
+    for name, study in harness.available_studies().items():
+        records = harness.load_records(harness.RESULTS, name)
+        print(f"{name} (protocol {study.protocol}, seeds {list(study.seeds)}): {len(study.cells)} cells, "
+              f"{len(records)} records")
+        for cell in study.cells:
+            n = sum(r["setting"] == cell.setting and r["method"] == cell.method and r["protocol"] == study.protocol
+                    for r in records)
+            print(f"  {cell.setting} / {cell.method}: {n}/{len(study.seeds)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per reproduction study; each defines ``STUDY`` (a :class:`harness.Study`)."""
