@@ -202,12 +202,12 @@ def run_study(study: Study, seeds: Sequence[int], methods: Sequence[str] | None 
     todo = [(c, [s for s in seeds if not record_path(root, study.name, study.protocol, c.setting, c.method,
                                                           s).exists()]) for c in cells]
     total, done = sum(len(s) for _, s in todo), 0
+    batched = batch_seeds and study.run_seeds is not None
     for cell, missing in todo:
-        groups = [missing] if (batch_seeds and study.run_seeds is not None and missing) else [[s] for s in missing]
+        groups = ([missing] if missing else []) if batched else [[s] for s in missing]
         for group in groups:
             wall, cpu = time.perf_counter(), time.process_time()
-            results = study.run_seeds(cell, group) if len(groups) == 1 and study.run_seeds else [
-                study.run(cell, group[0])]
+            results = study.run_seeds(cell, group) if batched else [study.run(cell, group[0])]
             wall, cpu = (time.perf_counter() - wall) / len(group), (time.process_time() - cpu) / len(group)
             for seed, result in zip(group, results):
                 record = {
