@@ -1,0 +1,13 @@
+"""tests/flower needs Flower (the extra ``lightning-fedhet[flower]``).
+
+The core environment has no Flower, so these tests skip there; scripts/ci_flower.sh runs them in the environment
+that has it, with ``FEDHET_REQUIRE_FLOWER=1``, which turns a missing Flower into a failure instead of a skip.
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+if importlib.util.find_spec("flwr") is None and os.environ.get("FEDHET_REQUIRE_FLOWER") == "1":
+    raise pytest.UsageError("FEDHET_REQUIRE_FLOWER=1 but flwr is not installed: pip install 'lightning-fedhet[flower]'")
