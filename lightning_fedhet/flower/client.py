@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -98,6 +101,8 @@ class LightningClient:
         collate_fn: optional collate function of the DataLoaders (default: torch's).
         trainer_kwargs: ``Trainer`` arguments (precision, gradient clipping, accelerator, callbacks, ...);
             ``max_steps``/``max_epochs`` are set by the round.
+        quiet: silence Lightning's per-fit notices (devices found, tips, "no val_dataloader") that a client would
+            otherwise print every round; warnings and errors still show.
     """
 
     def __init__(
@@ -109,8 +114,10 @@ class LightningClient:
         val_data_fn: Callable[[Context], Dataset] | None = None,
         collate_fn: Callable | None = None,
         trainer_kwargs: dict[str, Any] | None = None,
+        quiet: bool = True,
     ) -> None:
         self.module_fn = module_fn
+        self.quiet = bool(quiet)
         self.train_data_fn = train_data_fn
         self.batch_size = check_int(batch_size, "batch_size")
         self.val_data_fn = val_data_fn
@@ -148,8 +155,9 @@ class LightningClient:
         batches = client_batches(len(dataset), client, round_, steps, self.batch_size, seed)
         loader = DataLoader(dataset, batch_sampler=[b.tolist() for b in batches], collate_fn=self.collate_fn)
         losses = _StepLosses()
-        trainer = self._trainer(losses, max_steps=steps, max_epochs=1, limit_val_batches=0)
-        trainer.fit(module, train_dataloaders=loader)
+        with self._quieted():
+            trainer = self._trainer(losses, max_steps=steps, max_epochs=1, limit_val_batches=0)
+            trainer.fit(module, train_dataloaders=loader)
         metrics = MetricRecord({NUM_EXAMPLES: len(dataset), TRAIN_LOSS: losses.mean(), LOCAL_STEPS_METRIC: steps})
         content = RecordDict({ARRAYS: ArrayRecord(_cpu_state(module)), METRICS: metrics})
         return Message(content, reply_to=msg)
@@ -161,7 +169,8 @@ class LightningClient:
         module = self._load(msg, context)
         dataset = self.val_data_fn(context)
         loader = DataLoader(dataset, batch_size=self.batch_size, collate_fn=self.collate_fn)
-        results = self._trainer().validate(module, dataloaders=loader, verbose=False)
+        with self._quieted():
+            results = self._trainer().validate(module, dataloaders=loader, verbose=False)
         metrics = {name: float(value) for name, value in (results[0] if results else {}).items()}
         metrics[NUM_EXAMPLES] = len(dataset)
         return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
@@ -179,6 +188,21 @@ class LightningClient:
         module = self.module_fn(context)
         module.load_state_dict(msg.content[ARRAYS].to_torch_state_dict(), strict=True)
         return module
+
+    @contextlib.contextmanager
+    def _quieted(self) -> Iterator[None]:
+        if not self.quiet:
+            yield
+            return
+        logger = logging.getLogger("lightning.pytorch")
+        level = logger.level
+        logger.setLevel(logging.WARNING)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", ".*val_dataloader.*")
+                yield
+        finally:
+            logger.setLevel(level)
 
     def _trainer(self, *callbacks: Callback, **round_kwargs: Any) -> pl.Trainer:
         kwargs = {**TRAINER_DEFAULTS, **self.trainer_kwargs, **round_kwargs}

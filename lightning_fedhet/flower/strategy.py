@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -185,10 +185,16 @@ class FedHetFlowerStrategy(Strategy):
         )
 
     def setup(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600) -> None:
-        """Wait for ``num_clients`` nodes, learn their sample counts, fix the node map and build the Server.
+        """:meth:`discover` the nodes, then :meth:`build` the Server from ``initial_arrays`` (the global model w_0)."""
+        nodes, sizes = self.discover(grid, timeout)
+        self.build(nodes, sizes, initial_arrays)
+
+    def discover(self, grid: Grid, timeout: float = 3600) -> tuple[NodeMap, list[int]]:
+        """Wait for ``num_clients`` nodes, ask each for its sample count and ``partition-id`` (one ``query.fedhet``
+        message each) and fix the node map. Returns the map and ``|D_i|`` of each client, in client-id order.
 
         Raises ``TimeoutError`` when fewer than ``num_clients`` nodes connect within ``timeout`` seconds, and
-        ``ValueError`` when the nodes' answers cannot make a map (see :meth:`NodeMap.from_partitions`).
+        ``ValueError`` when too few answer or their answers make no map (see :meth:`NodeMap.from_partitions`).
         """
         node_ids = _wait_for_nodes(grid, self.num_clients, timeout)
         queries = [
@@ -210,12 +216,24 @@ class FedHetFlowerStrategy(Strategy):
                 f"num_clients={self.num_clients} but only {len(partitions)} node(s) answered the start-up query "
                 f"({QUERY!r}, answered by LightningClient.client_app()): {sorted(partitions)}"
             )
-        self.nodes = NodeMap.from_partitions(partitions, self.num_clients)
-        sizes = [sizes_by_node[node] for node in self.nodes.node_ids]
-        log.info("FedHetFlowerStrategy: client id -> node id %s, samples %s", self.nodes.node_ids, sizes)
+        nodes = NodeMap.from_partitions(partitions, self.num_clients)
+        sizes = [sizes_by_node[node] for node in nodes.node_ids]
+        log.info("FedHetFlowerStrategy: client id -> node id %s, samples %s", nodes.node_ids, sizes)
+        return nodes, sizes
+
+    def build(self, nodes: NodeMap, sizes: Sequence[int], initial_arrays: ArrayRecord) -> None:
+        """Build the run's Server: global model ``initial_arrays``, client ``i`` = node ``nodes.node(i)`` holding
+        ``sizes[i]`` samples. Refuses here a client optimizer the rule's formula does not describe (FedNova)."""
+        if nodes.num_clients != self.num_clients or len(sizes) != self.num_clients:
+            raise ValueError(
+                f"num_clients={self.num_clients} but the node map has {nodes.num_clients} clients and sizes has "
+                f"{len(sizes)} entries"
+            )
         # The server never sees the data: its streams know only the clients' sizes (|D_i|, the rules' n_i and the
         # buffers' weights); the clients draw their own mini-batches with the same generators (client_batches).
-        streams = ClientStreams(None, [np.arange(n, dtype=np.int64) for n in sizes], batch_size=1, seed=self.seed)
+        streams = ClientStreams(
+            None, [np.arange(int(n), dtype=np.int64) for n in sizes], batch_size=1, seed=self.seed
+        )
         planner = RoundPlanner(
             participation=self._availability,
             algorithm=self.algorithm,
@@ -225,7 +243,7 @@ class FedHetFlowerStrategy(Strategy):
             seed=self.seed,
         )
         vector, ints = self.codec.from_record(initial_arrays)
-        self.server = Server(
+        server = Server(
             planner,
             self.algorithm,
             vector,
@@ -238,6 +256,7 @@ class FedHetFlowerStrategy(Strategy):
         optimizer = _first_optimizer(self.module)
         if optimizer is not None:
             self.algorithm.check_client_solver(optimizer, "reset")
+        self.nodes, self.server = nodes, server
 
     def _require_server(self) -> Server:
         if self.server is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import Subset
 
-from lightning_fedhet import FedHetStrategy, FederatedDataModule
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.algorithms import FedAU, FedAvg, FedVARP
 from lightning_fedhet.participation import Trace
 from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset

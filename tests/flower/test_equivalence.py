@@ -1,7 +1,8 @@
 """Flower's simulation runtime reproduces the in-process simulation: FedAvg, FedVARP and FedAU, 4 clients, 3 rounds.
 
-All three rules run one after another in one Flower simulation (one Ray start-up), each on its own
-FedHetFlowerStrategy; the in-process runs use FedHetStrategy + Trainer on the same data, trace and seed.
+All runs share one Flower simulation (one Ray start-up), one after another, each on its own FedHetFlowerStrategy:
+the three rules, then FedAvg with two faulty nodes (one raises, one answers NaN weights). The in-process runs use
+FedHetStrategy + Trainer on the same data, trace and seed.
 """
 
 from __future__ import annotations
@@ -10,14 +11,21 @@ import pytest
 
 pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.sh runs this with Flower
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from flwr.app import ArrayRecord, Context  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 
+from lightning_fedhet import FederatedDataModule, FedHetStrategy  # noqa: E402
+from lightning_fedhet.algorithms import FedAvg  # noqa: E402
 from lightning_fedhet.flower import FedHetFlowerStrategy, LightningClient  # noqa: E402
+from lightning_fedhet.participation import Trace  # noqa: E402
 from tests.flower import scenario  # noqa: E402
-from tests.helpers import flat_params  # noqa: E402
+from tests.helpers import flat_params, quiet_trainer  # noqa: E402
+
+FAIL, NAN = 2, 1  # in the faulty run, client 2's node raises and client 1's node answers NaN weights
 
 
 def _client_module(context: Context):
@@ -26,6 +34,27 @@ def _client_module(context: Context):
 
 def _client_data(context: Context):
     return scenario.node_dataset(int(context.node_config["partition-id"]))
+
+
+def _client_app() -> ClientApp:
+    """LightningClient's handlers; a train config may name a client whose node fails or answers NaN weights."""
+    client = LightningClient(_client_module, _client_data, batch_size=scenario.BATCH_SIZE)
+    app = ClientApp()
+    app.query("fedhet")(client.query)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        config = msg.content["config"]
+        me = int(config["fedhet.client-id"])
+        if me == int(config.get("test.fail", -1)):
+            raise RuntimeError("this node is going down")
+        reply = client.train(msg, context)
+        if me == int(config.get("test.nan", -1)):
+            state = reply.content["arrays"].to_torch_state_dict()
+            reply.content["arrays"] = ArrayRecord({k: torch.full_like(v, float("nan")) for k, v in state.items()})
+        return reply
+
+    return app
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +72,22 @@ def flower_runs() -> dict:
             initial = ArrayRecord(scenario.module().state_dict())
             result = strategy.start(grid, initial_arrays=initial, num_rounds=scenario.ROUNDS, timeout=300)
             runs[rule] = (strategy.global_params.clone(), strategy.history, result)
+        strategy = FedHetFlowerStrategy(
+            scenario.module(), num_clients=scenario.NUM_CLIENTS, **scenario.strategy_kwargs("FedAvg")
+        )
+        faults = ConfigRecord({"test.fail": FAIL, "test.nan": NAN})
+        initial = ArrayRecord(scenario.module().state_dict())
+        result = strategy.start(grid, initial, num_rounds=scenario.ROUNDS, timeout=300, train_config=faults)
+        runs["faults"] = (strategy.global_params.clone(), strategy.history, result)
 
-    client_app = LightningClient(_client_module, _client_data, batch_size=scenario.BATCH_SIZE).client_app()
     run_simulation(
         server_app,
-        client_app,
+        _client_app(),
         num_supernodes=scenario.NUM_CLIENTS,
         # one actor on one CPU: the machine running the tests is small, and clients run one after another anyway
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}},
     )
-    missing = [rule for rule in scenario.RULES if rule not in runs]
+    missing = [rule for rule in [*scenario.RULES, "faults"] if rule not in runs]
     assert not missing, f"the Flower ServerApp did not finish {missing} (see the log above)"
     return runs
 
@@ -84,7 +119,31 @@ def test_flower_equals_in_process(flower_runs, rule):
 def test_rules_differ_on_this_scenario(flower_runs):
     """The scenario tells the rules apart, so the equivalence above is not FedAvg three times.
     Slip caught: a bridge that ignored the rule (always averaging) would still match one rule, not all three."""
-    finals = {rule: run[0] for rule, run in flower_runs.items()}
+    finals = {rule: flower_runs[rule][0] for rule in scenario.RULES}
     assert float((finals["FedAvg"] - finals["FedVARP"]).abs().max()) > 1e-4
     assert float((finals["FedAvg"] - finals["FedAU"]).abs().max()) > 1e-4
     assert float((finals["FedVARP"] - finals["FedAU"]).abs().max()) > 1e-4
+
+
+def test_failed_and_non_finite_nodes_count_as_absent(flower_runs):
+    """A node that raises counts as a lost upload, a NaN answer is rejected and counted, and the rest aggregate:
+    with FedAvg (weights normalised over the arrived clients) the run equals the simulation in which those two
+    clients were never available. Slip caught: an error reply or a NaN model reaching the rule (a NaN global
+    model), a failure aborting the round, or a lost client's stale weight kept in the average."""
+    vector, history, _ = flower_runs["faults"]
+    trained = [set(np.flatnonzero(row).tolist()) for row in scenario.MASK]
+    for t, record in enumerate(history):
+        assert set(record["selected"].tolist()) == trained[t]
+        assert set(record["received"].tolist()) == trained[t] - {FAIL, NAN}
+        assert record["rejected"].tolist() == ([NAN] if NAN in trained[t] else [])
+    absent = scenario.MASK.copy()
+    absent[:, [FAIL, NAN]] = False
+    model = scenario.module()
+    strategy = FedHetStrategy(
+        algorithm=FedAvg(), participation=Trace(absent), local_steps=list(scenario.LOCAL_STEPS), seed=scenario.SEED,
+        client_weights="samples",
+    )
+    datamodule = FederatedDataModule(scenario.dataset(), scenario.partitions(), batch_size=scenario.BATCH_SIZE)
+    quiet_trainer(strategy=strategy, max_epochs=scenario.ROUNDS).fit(model, datamodule=datamodule)
+    assert torch.isfinite(vector).all()
+    assert float((vector - flat_params(model)).abs().max()) <= 1e-5
