@@ -38,3 +38,53 @@ if ! "$VENV/bin/python" -c "import lightning_fedhet, flwr, ray, lightning" >/dev
   cp "$MERGED" "$VENV/.constraints-installed"
 fi
 echo "[flower] ready: $("$VENV/bin/python" -c 'import flwr, torch, lightning, google.protobuf as pb; print("flwr", flwr.__version__, "torch", torch.__version__, "lightning", lightning.__version__, "protobuf", pb.__version__)')"
+
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" WANDB_MODE=offline
+# Nothing leaves the machine: Flower's telemetry and update check, Ray's usage statistics.
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
+
+# 1. The bridge's tests (Flower's simulation runtime included) and its doctests. FEDHET_REQUIRE_FLOWER=1 makes a
+#    missing flwr a failure; -rs lists every skip, and any skip fails the run.
+LOG="$VENV/pytest-flower.log"
+set +e
+FEDHET_REQUIRE_FLOWER=1 "$VENV/bin/python" -m pytest tests/flower --doctest-modules lightning_fedhet/flower \
+  -p no:cacheprovider -rs -q 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then
+  echo "[flower] tests failed (exit $status)"
+  exit "$status"
+fi
+if grep -qE "^SKIPPED|[0-9]+ skipped" "$LOG"; then
+  echo "[flower] some Flower tests were skipped: in this environment every one must run"
+  exit 1
+fi
+
+# 2. The example app through Flower's own command (a local SuperLink in simulation mode, 4 nodes, 1 round).
+#    FLWR_HOME is a fresh folder, so the SuperLink that `flwr run` starts (and leaves running) is ours to stop.
+FLWR_HOME="$(mktemp -d)"
+export FLWR_HOME
+descendants() {  # the process ids below $1
+  local child
+  for child in $(pgrep -P "$1" || true); do echo "$child"; descendants "$child"; done
+}
+stop_superlink() {  # the SuperLink whose database is in our FLWR_HOME, and the processes it started
+  local link pids=""
+  for link in $(pgrep -f -- "--database $FLWR_HOME/" || true); do pids="$pids $link $(descendants "$link")"; done
+  if [ -n "${pids// /}" ]; then kill $pids 2>/dev/null || true; fi
+  rm -rf "$FLWR_HOME"
+}
+trap stop_superlink EXIT
+echo "[flower] flwr run examples/flower_app"
+set +e
+PATH="$PWD/$VENV/bin:$PATH" timeout 600 flwr run examples/flower_app --stream \
+  --federation-config "num-supernodes=4" \
+  --run-config "num-clients=4 num-server-rounds=1 samples-per-client=64 local-steps=2 eval-samples=500" \
+  2>&1 | tee "$VENV/flwr-run.log"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ] || ! grep -q "^round 0: " "$VENV/flwr-run.log"; then
+  echo "[flower] the example app did not finish its round (exit $status)"
+  exit 1
+fi
+echo "[flower] ok"

@@ -9,5 +9,10 @@ import os
 
 import pytest
 
+# No reports from the test machine: Flower's telemetry, its update check and Ray's usage statistics stay off.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 if importlib.util.find_spec("flwr") is None and os.environ.get("FEDHET_REQUIRE_FLOWER") == "1":
     raise pytest.UsageError("FEDHET_REQUIRE_FLOWER=1 but flwr is not installed: pip install 'lightning-fedhet[flower]'")
