@@ -417,7 +417,11 @@ def _first_optimizer(module: nn.Module) -> torch.optim.Optimizer | None:
     configure = getattr(module, "configure_optimizers", None)  # a LightningModule's; plain modules have none
     if configure is None:
         return None
-    conf = configure()
+    try:
+        conf = configure()
+    except Exception as err:  # e.g. a schedule that reads self.trainer, which the server's module does not have
+        log.warning("the rule's client-solver check was skipped: configure_optimizers() failed here (%r)", err)
+        return None
     if isinstance(conf, dict):
         conf = conf.get("optimizer")
     if isinstance(conf, (list, tuple)) and conf:
