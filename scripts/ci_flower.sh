@@ -71,7 +71,15 @@ descendants() {  # the process ids below $1
 stop_superlink() {  # the SuperLink whose database is in our FLWR_HOME, and the processes it started
   local link pids=""
   for link in $(pgrep -f -- "--database $FLWR_HOME/" || true); do pids="$pids $link $(descendants "$link")"; done
-  if [ -n "${pids// /}" ]; then kill $pids 2>/dev/null || true; fi
+  if [ -n "${pids// /}" ]; then
+    kill $pids 2>/dev/null || true
+    for _ in $(seq 20); do  # until every one has exited (at most 10 s)
+      local alive=""
+      for pid in $pids; do if kill -0 "$pid" 2>/dev/null; then alive=1; fi; done
+      [ -z "$alive" ] && break
+      sleep 0.5
+    done
+  fi
   rm -rf "$FLWR_HOME"
 }
 trap stop_superlink EXIT
