@@ -81,9 +81,10 @@ class LightningClient:
     Handles three message types (register them all with :meth:`client_app`, or each on your own ``ClientApp``):
 
     * ``train``: load the global model, apply the rule's per-client config (``module.configure_client(**config)``,
-      e.g. Fed-CIS's exit), run ``fedhet.local-steps`` optimizer steps (default 1 when the server sent none) of the
-      module's own ``training_step`` and optimizer, reply the trained weights, ``num-examples`` (``|D_i|``),
-      ``train_loss`` (mean over the local steps) and ``local-steps``.
+      e.g. Fed-CIS's exit), run ``fedhet.local-steps`` optimizer steps of the module's own ``training_step`` and
+      optimizer, reply the trained weights, ``num-examples`` (``|D_i|``), ``train_loss`` (mean over the local steps)
+      and ``local-steps``. From a strategy that sends no ``fedhet.*`` keys (one of Flower's own): one step, round
+      0, the node's ``partition-id`` as client id, seed 0.
     * ``evaluate``: ``trainer.validate`` of the global model on ``val_data_fn(context)``; reply the logged metrics and
       ``num-examples``.
     * ``query.fedhet``: reply ``num-examples`` and the node config's ``partition-id`` (when set), once per run.
@@ -143,7 +144,7 @@ class LightningClient:
         """Train for the round's local steps and reply the trained weights and metrics."""
         config = msg.content[CONFIG] if CONFIG in msg.content.config_records else {}
         steps = int(config.get(LOCAL_STEPS, 1))
-        client = int(config.get(CLIENT_ID, 0))
+        client = int(config.get(CLIENT_ID, context.node_config.get(PARTITION_ID, 0)))
         round_ = int(config.get(ROUND, 0))
         seed = int(config.get(SEED, 0))
         module = self._load(msg, context)

@@ -13,6 +13,7 @@ pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
@@ -20,6 +21,7 @@ from flwr.simulation import run_simulation  # noqa: E402
 
 from lightning_fedhet import FederatedDataModule, FedHetStrategy  # noqa: E402
 from lightning_fedhet.algorithms import FedAvg  # noqa: E402
+from lightning_fedhet.flat import FlatModel  # noqa: E402
 from lightning_fedhet.flower import FedHetFlowerStrategy, LightningClient  # noqa: E402
 from lightning_fedhet.participation import Trace  # noqa: E402
 from tests.flower import scenario  # noqa: E402
@@ -38,9 +40,10 @@ def _client_data(context: Context):
 
 def _client_app() -> ClientApp:
     """LightningClient's handlers; a train config may name a client whose node fails or answers NaN weights."""
-    client = LightningClient(_client_module, _client_data, batch_size=scenario.BATCH_SIZE)
+    client = LightningClient(_client_module, _client_data, batch_size=scenario.BATCH_SIZE, val_data_fn=_client_data)
     app = ClientApp()
     app.query("fedhet")(client.query)
+    app.evaluate()(client.evaluate)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -59,7 +62,8 @@ def _client_app() -> ClientApp:
 
 @pytest.fixture(scope="module")
 def flower_runs() -> dict:
-    """rule -> (final global vector, history, Flower Result) from one Flower simulation."""
+    """rule -> (final global vector, history, Flower Result) from one Flower simulation; the faulty run also has
+    the nodes evaluate every round's global model on their own samples."""
     runs: dict = {}
     server_app = ServerApp()
 
@@ -73,7 +77,8 @@ def flower_runs() -> dict:
             result = strategy.start(grid, initial_arrays=initial, num_rounds=scenario.ROUNDS, timeout=300)
             runs[rule] = (strategy.global_params.clone(), strategy.history, result)
         strategy = FedHetFlowerStrategy(
-            scenario.module(), num_clients=scenario.NUM_CLIENTS, **scenario.strategy_kwargs("FedAvg")
+            scenario.module(), num_clients=scenario.NUM_CLIENTS, evaluate_clients=True,
+            **scenario.strategy_kwargs("FedAvg"),
         )
         faults = ConfigRecord({"test.fail": FAIL, "test.nan": NAN})
         initial = ArrayRecord(scenario.module().state_dict())
@@ -147,3 +152,18 @@ def test_failed_and_non_finite_nodes_count_as_absent(flower_runs):
     quiet_trainer(strategy=strategy, max_epochs=scenario.ROUNDS).fit(model, datamodule=datamodule)
     assert torch.isfinite(vector).all()
     assert float((vector - flat_params(model)).abs().max()) <= 1e-5
+
+
+def test_federated_evaluation_is_the_pooled_loss(flower_runs):
+    """Each node reports its mean validation loss and its sample count; their weighted mean is the cross-entropy of
+    the global model over all 48 samples, computed here directly. Slip caught: weighting by nodes instead of samples,
+    or evaluating a stale model (the round's global model is what is sent)."""
+    vector, _, result = flower_runs["faults"]
+    model = scenario.module()
+    FlatModel(model).set(vector)
+    x, y = scenario.dataset().tensors
+    with torch.no_grad():
+        pooled = float(F.cross_entropy(model(x), y))
+    metrics = result.evaluate_metrics_clientapp
+    assert sorted(metrics) == [1, 2, 3]
+    assert float(metrics[3]["val_loss"]) == pytest.approx(pooled, abs=1e-5)
