@@ -1,0 +1,433 @@
+"""The server side: a Flower Message-API strategy that runs lightning-fedhet's rules through the simulation's Server.
+
+Nothing of a rule is written again here. Each round goes through the same
+:class:`~lightning_fedhet.server.Server` (and its :class:`~lightning_fedhet.federation.RoundPlanner`) as
+``FedHetStrategy``::
+
+    configure_train:  server.begin_round(t)      availability (connected nodes x participation) -> rule's selection
+                      server.start_client(i)     global model + rule's per-client config -> a train Message to node(i)
+    aggregate_train:  server.submit(i, w_i - w_t) for each reply, in client-id order (non-finite ones rejected)
+                      server.close_round()       the rule's aggregation -> w_{t+1}, one history record
+
+so the selection, the weights, the per-client memories and the history are the simulation's. What differs is who
+trains (Flower nodes, see :class:`~lightning_fedhet.flower.client.LightningClient`) and what is lost (a node that
+is gone or does not answer in time counts as a lost upload).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from torch import Tensor, nn
+
+from lightning_fedhet.algorithms.base import Algorithm
+from lightning_fedhet.algorithms.fedavg import FedAvg
+from lightning_fedhet.assembly import check_arguments
+from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.federation import RoundPlanner
+from lightning_fedhet.flower.connected import ConnectedNodes
+from lightning_fedhet.flower.nodes import NodeMap
+from lightning_fedhet.flower.protocol import (
+    ARRAYS,
+    CLIENT_CONFIG,
+    CLIENT_ID,
+    CONFIG,
+    LOCAL_STEPS,
+    METRICS,
+    NUM_EXAMPLES,
+    PARTITION_ID,
+    QUERY,
+    ROUND,
+    SEED,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+    ModelCodec,
+)
+from lightning_fedhet.participation.base import Participation
+from lightning_fedhet.participation.full import Full
+from lightning_fedhet.seeding import resolve_seed
+from lightning_fedhet.server import Server
+
+log = logging.getLogger("flwr")  # Flower's logger: the messages appear with Flower's own
+
+
+class FedHetFlowerStrategy(Strategy):
+    """Run any synchronous lightning-fedhet rule (FedAvg, FedVARP, MIFA, FedStale, FedAU, ...) on Flower nodes.
+
+    Start it like any Flower strategy from a ``ServerApp``'s main::
+
+        strategy = FedHetFlowerStrategy(MyModule(), FedVARP(), num_clients=10, local_steps=5)
+        result = strategy.start(grid, initial_arrays=ArrayRecord(MyModule().state_dict()), num_rounds=50)
+        strategy.history[-1]["received"]   # the simulation's history records, one per round
+
+    Before round 0 (in :meth:`start`, or :meth:`setup` when driving the rounds by hand) it waits for
+    ``num_clients`` nodes, asks each for its sample count and ``partition-id`` (a ``query.fedhet`` message), and
+    fixes the node id -> client id map (:meth:`NodeMap.from_partitions`). Flower's round ``r`` (1-based) is the
+    rule's round ``t = r - 1``.
+
+    Args:
+        module: a module of the trained architecture (the ``LightningModule`` the clients train). The server uses it
+            only to convert between ``state_dict`` records and flat vectors, overwriting its weights.
+        algorithm: the server rule (default ``FedAvg()``).
+        num_clients: ``N``, the number of client nodes of the run (the rules' per-client state has ``N`` rows).
+        participation: availability process the rule is told about (default ``Full()``); a client is available
+            when this process says so **and** its node is connected (:class:`ConnectedNodes`). A fixed ``Trace``
+            replays a simulation's availability.
+        local_steps: local optimizer steps per client per round: int >= 1, a per-client sequence, or a per-round
+            draw such as ``UniformSteps(low, high)``; sent to each client as ``fedhet.local-steps``.
+        selection: optional ``UniformSample(k)`` among the available clients; default: the rule's ``select``.
+        seed: seed of every draw (participation, selection, local steps, the clients' mini-batch order).
+        client_weights: ``alpha_i`` given to the rule: ``"uniform"`` (1/N) or ``"samples"`` (|D_i| / |D|, from the
+            sample counts the nodes report at start-up).
+        max_update_norm, update_norm_action: the Server's robustness options (reject or clip large updates).
+        evaluate_clients: send every round's global model to every connected client for ``evaluate`` (the
+            clients' ``val_data_fn``); default ``False``.
+
+    Attributes:
+        server: the run's :class:`~lightning_fedhet.server.Server` (``None`` before :meth:`setup`).
+        nodes: the :class:`NodeMap` (``None`` before :meth:`setup`).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        algorithm: Algorithm | None = None,
+        *,
+        num_clients: int,
+        participation: Participation | None = None,
+        local_steps: Any = 1,
+        selection: Any = None,
+        seed: int = 0,
+        client_weights: str = "uniform",
+        max_update_norm: float | None = None,
+        update_norm_action: str = "reject",
+        evaluate_clients: bool = False,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"module must be a torch.nn.Module (the clients' architecture), got {type(module).__name__}"
+            )
+        participation = participation if participation is not None else Full()
+        check_arguments(
+            local_steps=local_steps,
+            num_clients=num_clients,
+            seed=seed,
+            deadline=None,
+            latency=None,
+            optimizer_state="reset",
+            client_weights=client_weights,
+            participation=participation,
+            max_update_norm=max_update_norm,
+            update_norm_action=update_norm_action,
+        )
+        if participation.needs_label_hist:
+            raise ValueError(
+                f"participation={participation!r} needs every client's label histogram, which a Flower server does "
+                "not see: pass a process without it (Full, Bernoulli, Markov, Cyclic, Trace)"
+            )
+        self.module = module
+        self.algorithm = algorithm if algorithm is not None else FedAvg()
+        self.num_clients = int(num_clients)
+        self.participation = participation
+        self.local_steps = local_steps
+        self.selection = selection
+        self.seed = resolve_seed(seed)
+        self.client_weights = client_weights
+        self.max_update_norm = max_update_norm
+        self.update_norm_action = update_norm_action
+        self.evaluate_clients = bool(evaluate_clients)
+        self.codec = ModelCodec(module)
+        self.server: Server | None = None
+        self.nodes: NodeMap | None = None
+        self._availability = ConnectedNodes(participation)
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def history(self) -> list[dict]:
+        """One record per closed round, as ``FedHetStrategy.history`` (``[]`` before the first round)."""
+        return [] if self.server is None else self.server.history
+
+    @property
+    def global_params(self) -> Tensor | None:
+        """The global model as a flat vector ``[d]`` (parameters, then floating buffers); ``None`` before setup."""
+        return None if self.server is None else self.server.global_vector
+
+    # ------------------------------------------------------------------ start-up
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's ``Strategy.start`` after :meth:`setup` (``timeout`` also bounds the wait for the nodes)."""
+        self.setup(grid, initial_arrays, timeout=timeout)
+        return super().start(
+            grid,
+            initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+        )
+
+    def setup(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600) -> None:
+        """:meth:`discover` the nodes, then :meth:`build` the Server from ``initial_arrays`` (the global model w_0)."""
+        nodes, sizes = self.discover(grid, timeout)
+        self.build(nodes, sizes, initial_arrays)
+
+    def discover(self, grid: Grid, timeout: float = 3600) -> tuple[NodeMap, list[int]]:
+        """Wait for ``num_clients`` nodes, ask each for its sample count and ``partition-id`` (one ``query.fedhet``
+        message each) and fix the node map. Returns the map and ``|D_i|`` of each client, in client-id order.
+
+        Raises ``TimeoutError`` when fewer than ``num_clients`` nodes connect within ``timeout`` seconds, and
+        ``ValueError`` when too few answer or their answers make no map (see :meth:`NodeMap.from_partitions`).
+        """
+        node_ids = _wait_for_nodes(grid, self.num_clients, timeout)
+        queries = [
+            Message(content=RecordDict({CONFIG: ConfigRecord({SEED: self.seed})}), message_type=QUERY, dst_node_id=n)
+            for n in node_ids
+        ]
+        partitions: dict[int, int | None] = {}
+        sizes_by_node: dict[int, int] = {}
+        for reply in grid.send_and_receive(queries, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log.warning("node %d did not answer the start-up query: %s", node, reply.error.reason)
+                continue
+            metrics = reply.content[METRICS]
+            sizes_by_node[node] = int(metrics[NUM_EXAMPLES])
+            partitions[node] = int(metrics[PARTITION_ID]) if PARTITION_ID in metrics else None
+        if len(partitions) < self.num_clients:
+            raise ValueError(
+                f"num_clients={self.num_clients} but only {len(partitions)} node(s) answered the start-up query "
+                f"({QUERY!r}, answered by LightningClient.client_app()): {sorted(partitions)}"
+            )
+        nodes = NodeMap.from_partitions(partitions, self.num_clients)
+        sizes = [sizes_by_node[node] for node in nodes.node_ids]
+        log.info("FedHetFlowerStrategy: client id -> node id %s, samples %s", nodes.node_ids, sizes)
+        return nodes, sizes
+
+    def build(self, nodes: NodeMap, sizes: Sequence[int], initial_arrays: ArrayRecord) -> None:
+        """Build the run's Server: global model ``initial_arrays``, client ``i`` = node ``nodes.node(i)`` holding
+        ``sizes[i]`` samples. Refuses here a client optimizer the rule's formula does not describe (FedNova)."""
+        if nodes.num_clients != self.num_clients or len(sizes) != self.num_clients:
+            raise ValueError(
+                f"num_clients={self.num_clients} but the node map has {nodes.num_clients} clients and sizes has "
+                f"{len(sizes)} entries"
+            )
+        # The server never sees the data: its streams know only the clients' sizes (|D_i|, the rules' n_i and the
+        # buffers' weights); the clients draw their own mini-batches with the same generators (client_batches).
+        streams = ClientStreams(
+            None, [np.arange(int(n), dtype=np.int64) for n in sizes], batch_size=1, seed=self.seed
+        )
+        planner = RoundPlanner(
+            participation=self._availability,
+            algorithm=self.algorithm,
+            streams=streams,
+            local_steps=self.local_steps,
+            selection=self.selection,
+            seed=self.seed,
+        )
+        vector, ints = self.codec.from_record(initial_arrays)
+        server = Server(
+            planner,
+            self.algorithm,
+            vector,
+            self.codec.flat.num_parameters,
+            client_weights=self.client_weights,
+            init_ints=ints,
+            max_update_norm=self.max_update_norm,
+            update_norm_action=self.update_norm_action,
+        )
+        optimizer = _first_optimizer(self.module)
+        if optimizer is not None:
+            self.algorithm.check_client_solver(optimizer, "reset")
+        self.nodes, self.server = nodes, server
+
+    def _require_server(self) -> Server:
+        if self.server is None:
+            raise RuntimeError("FedHetFlowerStrategy.setup(grid, initial_arrays) must run first (start() calls it)")
+        return self.server
+
+    # ------------------------------------------------------------------ one round
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Plan round ``t = server.next_round`` and build one train message per client that trains.
+
+        ``arrays`` (Flower's copy of the global model) is not used: the server's own global model is sent.
+        """
+        server = self._require_server()
+        self._availability.observe(self.nodes.mask(grid.get_node_ids()))
+        plan = server.begin_round(server.next_round)
+        trained = plan.trained_ids
+        log.info(
+            "round %d: %d available, %d selected, %d train", plan.round, int(plan.available.sum()),
+            int(plan.selected.sum()), len(trained),
+        )
+        if not trained:
+            return []
+        record = self.codec.to_record(server.global_vector, server.global_ints)
+        messages = []
+        for client in trained:
+            start = server.start_client(client)
+            train_config = ConfigRecord(dict(config))
+            train_config.update(
+                {
+                    SERVER_ROUND: server_round,
+                    ROUND: plan.round,
+                    CLIENT_ID: client,
+                    LOCAL_STEPS: int(plan.local_steps[client]),
+                    SEED: self.seed,
+                }
+            )
+            content = RecordDict({ARRAYS: record, CONFIG: train_config, CLIENT_CONFIG: ConfigRecord(start.config)})
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes.node(client))
+            )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Submit every answer to the Server (in client-id order) and close the round through the rule.
+
+        A reply with an error, from a node outside the round, or whose arrays are not the model's counts as a
+        lost upload (logged); a non-finite update is rejected by the Server and counted in the history.
+        """
+        server = self._require_server()
+        plan = server.plan
+        if plan is None:
+            raise RuntimeError("aggregate_train without an open round: configure_train must come first")
+        answers: dict[int, RecordDict] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            client = self.nodes.client(node)
+            if reply.has_error():
+                log.warning("round %d: node %d (client %s) failed: %s", plan.round, node, client, reply.error.reason)
+            elif client is None or not bool(plan.trained[client]) or client in answers:
+                log.warning("round %d: ignored an unexpected reply from node %d", plan.round, node)
+            else:
+                answers[client] = reply.content
+        losses = []
+        for client in sorted(answers):  # the simulation's order, so the float sums are the same
+            content = answers[client]
+            try:
+                vector, ints = self.codec.from_record(content[ARRAYS])
+            except (KeyError, ValueError) as err:
+                log.warning("round %d: client %d's reply has no usable model (%s): dropped", plan.round, client, err)
+                continue
+            metrics = content[METRICS] if METRICS in content.metric_records else {}
+            loss = float(metrics.get(TRAIN_LOSS, math.nan))
+            delta = vector.to(server.global_vector) - server.global_vector
+            int_delta = ints - server.global_ints if server.global_ints.numel() else None
+            if server.submit(client, delta, loss, int_delta=int_delta):
+                losses.append(loss)
+        new_vector = server.close_round()
+        record = server.history[-1]
+        metrics = MetricRecord(
+            {
+                "round": plan.round,
+                "available": len(record["available"]),
+                "selected": len(record["selected"]),
+                "received": len(record["received"]),
+                "rejected": len(record["rejected"]),
+                "train_loss": float(np.mean(losses)) if losses else math.nan,
+            }
+        )
+        return self.codec.to_record(new_vector, server.global_ints), metrics
+
+    # ------------------------------------------------------------------ federated evaluation
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """With ``evaluate_clients=True``: the global model to every connected client; else nothing."""
+        server = self._require_server()
+        if not self.evaluate_clients:
+            return []
+        record = self.codec.to_record(server.global_vector, server.global_ints)
+        eval_config = ConfigRecord(dict(config))
+        eval_config[SERVER_ROUND] = server_round
+        content = RecordDict({ARRAYS: record, CONFIG: eval_config})
+        connected = self.nodes.mask(grid.get_node_ids())
+        return [
+            Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=self.nodes.node(client))
+            for client in torch.nonzero(connected).flatten().tolist()
+        ]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The clients' metrics averaged with weights ``num-examples``."""
+        records = [r.content[METRICS] for r in replies if not r.has_error() and METRICS in r.content.metric_records]
+        return weighted_metrics(records)
+
+    def summary(self) -> None:
+        log.info("\t├── Rule: %r", self.algorithm)
+        log.info("\t├── Clients: %d, participation %r, selection %r", self.num_clients, self.participation,
+                 self.selection)
+        log.info("\t└── Local steps: %r, seed %d, client weights %r", self.local_steps, self.seed,
+                 self.client_weights)
+
+
+def weighted_metrics(records: list[MetricRecord]) -> MetricRecord | None:
+    """Each metric's mean over ``records`` weighted by their ``num-examples`` (``None`` when nobody answered)."""
+    weights = [float(r[NUM_EXAMPLES]) for r in records if NUM_EXAMPLES in r]
+    if not records or len(weights) != len(records) or sum(weights) <= 0:
+        return None
+    total = sum(weights)
+    names = sorted({name for r in records for name in r if name != NUM_EXAMPLES})
+    out = MetricRecord()
+    for name in names:
+        pairs = [(float(r[name]), w) for r, w in zip(records, weights) if name in r and not isinstance(r[name], list)]
+        if pairs:
+            out[name] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    out[NUM_EXAMPLES] = int(total)
+    return out
+
+
+def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
+    """The connected node ids once at least ``num_clients`` are connected (``TimeoutError`` after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"num_clients={num_clients} nodes were expected but {len(node_ids)} connected within {timeout} s"
+            )
+        log.info("waiting for nodes: %d of %d connected", len(node_ids), num_clients)
+        time.sleep(1.0)
+    return node_ids
+
+
+def _first_optimizer(module: nn.Module) -> torch.optim.Optimizer | None:
+    """The first optimizer of a LightningModule's ``configure_optimizers`` (for the rule's solver check), or
+    ``None`` when the module has none or returns a form this does not read."""
+    configure = getattr(module, "configure_optimizers", None)  # a LightningModule's; plain modules have none
+    if configure is None:
+        return None
+    try:
+        conf = configure()
+    except Exception as err:  # e.g. a schedule that reads self.trainer, which the server's module does not have
+        log.warning("the rule's client-solver check was skipped: configure_optimizers() failed here (%r)", err)
+        return None
+    if isinstance(conf, dict):
+        conf = conf.get("optimizer")
+    if isinstance(conf, (list, tuple)) and conf:
+        conf = conf[0]
+        if isinstance(conf, (list, tuple)) and conf:  # ([optimizers], [schedulers])
+            conf = conf[0]
+        if isinstance(conf, dict):
+            conf = conf.get("optimizer")
+    return conf if isinstance(conf, torch.optim.Optimizer) else None
