@@ -164,3 +164,31 @@ def test_persisted_state_is_the_clients_own_with_two_local_steps():
         quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0).fit(model, datamodule=data)
         results[mode] = float(model.w.detach())
     assert results == pytest.approx({"persist": 12.25, "reset": 10.0}, abs=1e-6)
+
+
+def test_a_client_that_is_never_available_is_warned_about_once_and_the_run_goes_on():
+    # Slip caught: the known-p rules raising in every round because one p_i is 0 (decision: the client never
+    # contributes, and one warning says its data is never seen). Client 0 is never available; client 1 (p = 1/2,
+    # alpha = 1/2, delta 1) moves w by (1/2) / (1/2) = 1 in each round it arrives.
+    import warnings
+
+    from lightning_fedhet.participation import Bernoulli
+
+    dataset = TensorDataset(torch.zeros(2, 1))
+    streams = ClientStreams(dataset, [[0], [1]], batch_size=1)
+    algorithm = FedAvg(weighting="known_p")
+    server = Server(RoundPlanner(Bernoulli([0.0, 0.5]), algorithm, streams, seed=0), algorithm, torch.zeros(1), 1)
+    arrivals = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(20):
+            plan = server.begin_round(t)
+            assert not plan.available[0]
+            arrivals += int(plan.arrives[1])
+            for client in plan.trained_ids:
+                server.submit(client, torch.ones(1), 0.0)
+            server.close_round()
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "ids 0" in messages[0] and "never seen" in messages[0]
+    assert arrivals > 0
+    torch.testing.assert_close(server.global_vector, torch.tensor([float(arrivals)]))

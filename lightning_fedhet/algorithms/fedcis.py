@@ -523,6 +523,10 @@ class FedCIS(Algorithm):
         self._draw_round = int(round)
         return torch.as_tensor(available).clone().to(torch.bool)
 
+    def selection_probs(self, round: int) -> Tensor:
+        """Fed-CIS keeps every available node: ``P(selected | available) = 1``."""
+        return torch.ones(self.num_clients, dtype=torch.float64)
+
     def client_config(self, client: int) -> dict:
         if self._draw_round is None:
             raise RuntimeError("FedCIS.client_config() called before select() drew this round's exits")
