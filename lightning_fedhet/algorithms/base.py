@@ -176,6 +176,10 @@ class Algorithm:
     #: ``True`` for rules that implement :meth:`round_shares` (every rule of this package), so a round's clients can
     #: be split over several processes (``FedHetDDPStrategy``); the many-process strategy refuses the others
     shares_rounds: ClassVar[bool] = False
+    #: ``True`` for rules whose clients train different sub-models of the network (Fed-CIS: one exit each): the
+    #: server then averages each floating buffer entry (BatchNorm statistics) and integer buffer entry only over the
+    #: arrived clients that changed it, with their sample weights normalised over them, instead of over every arrival
+    buffers_per_submodel: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.num_clients: int = 0
