@@ -27,6 +27,7 @@ from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_s
 
 UNAVAILABLE = ("renormalize", "drop")
 ESTIMATORS = (None, "ema")
+MAX_DRAWS = 10**9
 _F64 = torch.float64
 
 
@@ -127,7 +128,8 @@ class WithReplacementSampler(Algorithm):
         min_success: float = 1e-6,
     ) -> None:
         super().__init__()
-        self.K = check_int(K, "K (number of draws per round)")
+        # bounded: numpy's multinomial draws take a C long, and a billion draws per round is beyond any run
+        self.K = check_int(K, "K (number of draws per round)", 1, MAX_DRAWS)
         self.unavailable = check_choice(unavailable, "unavailable", UNAVAILABLE)
         self.server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True)
         self.estimator_name = check_choice(estimator, "estimator", ESTIMATORS)
