@@ -165,3 +165,19 @@ def test_participation_probs_follow_a_non_stationary_availability():
     planner = RoundPlanner(Cyclic(10, 0.3, offset="inactive"), algorithm, _streams(), seed=0)
     torch.testing.assert_close(planner.context(planner.plan(0)).participation_probs,
                                torch.full((N,), 1 / 7, dtype=torch.float64))
+
+
+def test_a_samplers_draw_counts_reach_the_round_context():
+    # Slip caught: the planner collapsing a with-replacement sampler's counts to a mask, which left the rules'
+    # multiplicity handling (FedNova's m_i, Eq. 116a) unreachable.
+    from lightning_fedhet.algorithms import SampledFedAvg
+
+    algorithm = SampledFedAvg(K=12)
+    algorithm.setup(N, torch.zeros(1))
+    planner = RoundPlanner(Full(), algorithm, _streams(), seed=2)
+    plan = planner.plan(0)
+    ctx = planner.context(plan)
+    assert ctx.selected.dtype == torch.int64 and int(ctx.selected.sum()) == 12
+    assert torch.equal(ctx.selected, algorithm.last_counts)
+    assert torch.equal(plan.selected, ctx.selected > 0)
+    assert int(ctx.selected.max()) > 1  # 12 draws over 4 clients: some client is drawn more than once
