@@ -86,3 +86,58 @@ def test_sampled_fedavg_divides_the_draw_weighted_sum_by_k():
             algo.add(m, torch.tensor([deltas[m]], dtype=F64), ClientInfo(1, 1))
     expected = sum(counts[m] * deltas[m] for m in drawn if m != lost) / 5
     close(algo.close_round(), [expected])
+
+
+def test_os_sampling_with_mix():
+    # OS (FedACS paper eq. 20) mixed with omega: p = (1 - mix) omega n / sum(omega n) + mix omega, aggregated with
+    # c_m omega_m / p_m / K. omega = (1/2, 1/2), mix = 1/2, K = 8.
+    # Round 0, no norm known: p = (1/2, 1/2). Both drawn (8 draws; checked), deltas (3, 4) and (0, 1): norms 5, 1.
+    # Round 1: omega n = (2.5, 0.5) -> (5/6, 1/6); p = (5/12 + 1/4, 1/12 + 1/4) = (2/3, 1/3);
+    # factors omega / p = (3/4, 3/2). Slips caught: mix applied the other way round, norms of the wrong round,
+    # the factor omega/p left out (the plain average would not be unbiased).
+    from lightning_fedhet.algorithms import OS
+
+    algo = OS(K=8, mix=0.5)
+    algo.setup(2, torch.zeros(2, dtype=F64))
+    rng = np.random.default_rng(0)
+    counts = algo.select(0, torch.ones(2, dtype=torch.bool), rng).tolist()
+    assert all(c > 0 for c in counts)
+    torch.testing.assert_close(algo.last_probabilities, torch.tensor([0.5, 0.5], dtype=F64))
+    algo.open_round(0, _counts_ctx(0, counts, [0, 1]))
+    algo.add(0, torch.tensor([3.0, 4.0], dtype=F64), ClientInfo(1, 1))
+    algo.add(1, torch.tensor([0.0, 1.0], dtype=F64), ClientInfo(1, 1))
+    # round 0's step: factors omega / p = 1: (c_0 (3, 4) + c_1 (0, 1)) / 8
+    expected = (counts[0] * torch.tensor([3.0, 4.0]) + counts[1] * torch.tensor([0.0, 1.0])).double() / 8
+    torch.testing.assert_close(algo.close_round(), expected)
+    counts = algo.select(1, torch.ones(2, dtype=torch.bool), rng).tolist()
+    torch.testing.assert_close(algo.last_probabilities, torch.tensor([2 / 3, 1 / 3], dtype=F64))
+    algo.open_round(1, _counts_ctx(1, counts, [m for m in range(2) if counts[m] > 0]))
+    step = torch.zeros(2, dtype=F64)
+    for m, (factor, delta) in enumerate(((0.75, [1.0, 0.0]), (1.5, [0.0, 2.0]))):
+        if counts[m] > 0:
+            algo.add(m, torch.tensor(delta, dtype=F64), ClientInfo(1, 1))
+            step += counts[m] * factor * torch.tensor(delta, dtype=F64) / 8
+    torch.testing.assert_close(algo.close_round(), expected + step)
+
+
+def test_adafed_estimated_pi():
+    # AdaFed with pi_source="estimate": pi_hat is the Beta(1, 1) posterior mean of each client's availability over
+    # the rounds observed so far (this round included: select() observes it first), (on + 1) / (rounds + 2).
+    # alpha = (1/2, 1/2). Round 0: both available: pi_hat = (2/3, 2/3) -> q = (1/2, 1/2); deltas 2 and 4 -> w = 3.
+    # Round 1: only client 0: pi_hat = (3/4, 2/4); S = {0}: q_0 = 1 -> w = 3 + 1 = 4.
+    # Round 2: both: pi_hat = (4/5, 3/5): alpha/pi = (5/8, 5/6), sum 35/24 -> q = (3/7, 4/7); deltas 7, 7 -> w = 11.
+    # Slips caught: the estimate taken before this round's observation, or weights not renormalised over S_t.
+    from lightning_fedhet.algorithms import AdaFed
+
+    algo = AdaFed(pi_source="estimate")
+    algo.setup(2, torch.zeros(1, dtype=F64))
+    rounds = [([0, 1], {0: 2.0, 1: 4.0}, 3.0), ([0], {0: 1.0}, 4.0), ([0, 1], {0: 7.0, 1: 7.0}, 11.0)]
+    for t, (avail, deltas, expected) in enumerate(rounds):
+        mask = torch.zeros(2, dtype=torch.bool)
+        mask[avail] = True
+        algo.select(t, mask, None)
+        algo.open_round(t, RoundContext(t, 2, mask, mask, mask))
+        for c, d in deltas.items():
+            algo.add(c, torch.tensor([d], dtype=F64), ClientInfo(1, 1))
+        close(algo.close_round(), [expected])
+    torch.testing.assert_close(algo.last_pi, torch.tensor([4 / 5, 3 / 5], dtype=F64))
