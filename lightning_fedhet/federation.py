@@ -39,6 +39,12 @@ class RoundPlan:
         batches: dataset indices of each mini-batch of ``schedule``.
         aggregation_probs: float64 ``[N]``, probability that each client's update is aggregated this round
             (see :meth:`RoundPlanner.aggregation_probs`), or ``None`` without a closed form.
+        success_probs: float64 ``[N]``, probability that a selected client's update arrives this round (links and
+            deadline, at the client's local steps of this round; see :meth:`RoundPlanner.success_probs`), or
+            ``None`` without a channel and a deadline.
+        availability_probs: float64 ``[N]``, probability that each client is available this round.
+        selection_counts: int64 ``[N]``, how many times the rule's own sampler drew each client (``None`` when the
+            selection is a set); ``selected`` is ``selection_counts > 0``.
     """
 
     round: int
@@ -51,6 +57,9 @@ class RoundPlan:
     schedule: list[tuple[int, int]] = field(default_factory=list)
     batches: list[np.ndarray] = field(default_factory=list)
     aggregation_probs: Tensor | None = None
+    success_probs: Tensor | None = None
+    availability_probs: Tensor | None = None
+    selection_counts: Tensor | None = None
 
     @property
     def trained_ids(self) -> list[int]:
@@ -134,23 +143,29 @@ class RoundPlanner:
         available = self.participation.sample(round)
         rng = generator(self.seed, Stream.SELECTION, round)
         steps = local_steps_for(self.local_steps, round, self.num_clients, self.seed)
-        # The "system oracle" of FedACS-style samplers: this round's link reliability and local work.
+        # P(arrival | selected) at the steps every client would run this round: links and deadline
+        success = self.success_probs(round, steps)
+        availability = self.availability_probs(round)
+        # The "system oracle" of FedACS-style samplers: this round's link reliability and local work, and each
+        # client's availability (the samplers' pi_m).
         self.algorithm.observe_system(
             round,
-            success_probs=self.success_probs(round),
+            success_probs=success,
             local_steps=torch.from_numpy(steps),
-            participation_probs=self.selection_probs,
+            participation_probs=availability,
         )
         if self.algorithm.wants_probe_losses():
             if probe is None:
                 raise RuntimeError(f"{type(self.algorithm).__name__} needs probe losses but no engine provides them")
             self.algorithm.observe_losses(round, probe(round, available))
+        counts = None
         if self.selection is not None:
             selected = torch.from_numpy(self.selection.choose(available.numpy(), rng))
         else:
             selected = torch.as_tensor(self.algorithm.select(round, available, rng))
             if selected.dtype != torch.bool:
-                selected = selected > 0
+                counts = selected.to(torch.int64)  # a sampler with replacement: draws per client
+                selected = counts > 0
         received_model = self.channel.downlink(round, selected) if self.channel is not None else selected.clone()
         trained = received_model & self.has_data
         arrives = self.channel.uplink(round, trained) if self.channel is not None else trained.clone()
@@ -167,7 +182,8 @@ class RoundPlanner:
             waited_for = arrives if bool(arrives.any()) and not late else trained
             duration = self.clock.round_duration(times, waited_for)
         plan = RoundPlan(round, available, selected, trained, arrives & trained, steps, duration)
-        plan.aggregation_probs = self.aggregation_probs(round, steps)
+        plan.success_probs, plan.availability_probs, plan.selection_counts = success, availability, counts
+        plan.aggregation_probs = self._aggregation_probs(round, success)
         for client in plan.trained_ids:
             k = int(steps[client])
             plan.schedule += [(client, step) for step in range(k)]
@@ -185,58 +201,74 @@ class RoundPlanner:
             hist[i] = np.bincount(codes[idx], minlength=len(classes))
         return hist
 
-    @property
-    def selection_probs(self) -> Tensor | None:
-        """Probability that each client is selected in a round (``None`` when there is no closed form).
+    def availability_probs(self, round: int) -> Tensor:
+        """Probability that each client is available in round ``round``, float64 ``[N]`` (the participation
+        process's marginal of that round; its stationary ``p`` for a stationary process)."""
+        return self.participation.marginal_probs(round).to(torch.float64)
 
-        Rules with their own sampler (FedACS, CA-Fed, ...) know their own selection probabilities; for them this
-        is the availability probability ``p_i``.
+    def selection_probs(self, round: int) -> Tensor | None:
+        """Probability that each client is selected in round ``round``: ``P(available) x P(selected | available)``,
+        float64 ``[N]``, or ``None`` when there is no closed form.
+
+        ``P(selected | available)`` is 1 when every available client is kept, ``k/N`` for a strategy-level
+        ``UniformSample(k)`` over always-available clients (no closed form otherwise), and the rule's own
+        :meth:`~lightning_fedhet.algorithms.base.Algorithm.selection_probs` for rules that select themselves.
         """
-        p = self.participation.p
-        if self.selection is None:
-            return p
-        if bool((p == 1).all()):
-            return torch.full((self.num_clients,), self.selection.k / self.num_clients, dtype=torch.float64)
-        return None
-
-    def success_probs(self, round: int) -> Tensor | None:
-        """The channel's per-client success probability in round ``round`` (None without a channel)."""
-        if self.channel is None:
+        p = self.availability_probs(round)
+        if self.selection is not None:
+            if bool((p == 1).all()):
+                return torch.full((self.num_clients,), self.selection.k / self.num_clients, dtype=torch.float64)
             return None
-        return self.channel.success_probs_at(round)
+        given = self.algorithm.selection_probs(round)
+        if given is None:
+            return None
+        return p * torch.as_tensor(given, dtype=torch.float64)
+
+    def success_probs(self, round: int, local_steps=None) -> Tensor | None:
+        """Probability that a selected client's update reaches the server in round ``round``, float64 ``[N]``:
+        ``P(downlink) x P(uplink) x P(on time | K_i(t))``, where the last factor (a deadline's) is evaluated at
+        ``local_steps`` (int ``[N]``; default this round's draw for every client, which the plan uses). ``None``
+        without a channel and without a deadline (every selected client's update arrives)."""
+        probs = None
+        if self.channel is not None:
+            probs = self.channel.success_probs_at(round).to(torch.float64)
+        if self.latency is not None and self.clock.deadline is not None:
+            if local_steps is None:
+                local_steps = local_steps_for(self.local_steps, round, self.num_clients, self.seed)
+            steps = np.maximum(np.asarray(local_steps, dtype=np.int64), 1)
+            on_time = torch.as_tensor(self.latency.on_time_probs(self.clock.deadline, steps), dtype=torch.float64)
+            probs = on_time if probs is None else probs * on_time
+        return probs
 
     def aggregation_probs(self, round: int, local_steps: np.ndarray) -> Tensor | None:
         """Probability that each client's update is *aggregated* in round ``round``, float64 ``[N]``.
 
-        ``P(selected) x P(downlink) x P(uplink) x P(on time | K_i(t))``: what the unbiased ``1/p_i`` weights of
-        FedAvg(known_p), FedVARP/FedStale(known_p) must divide by. A lossy link or a deadline makes it smaller
-        than the availability probability; dividing by the latter would bias the update towards the clients with
-        reliable links. ``None`` when the selection probability has no closed form.
+        ``P(available) x P(selected | available) x P(downlink) x P(uplink) x P(on time | K_i(t))``: what the
+        unbiased ``1/p_i`` weights of FedAvg(known_p), FedVARP/FedStale(known_p), UPGA-PL(q="known") and Fed-CIS
+        (correct_participation) must divide by. A lossy link or a deadline makes it smaller than the availability
+        probability; dividing by the latter would bias the update towards the clients with reliable links.
+        ``None`` when the selection probability has no closed form.
         """
-        p = self.selection_probs
+        return self._aggregation_probs(round, self.success_probs(round, local_steps))
+
+    def _aggregation_probs(self, round: int, success: Tensor | None) -> Tensor | None:
+        p = self.selection_probs(round)
         if p is None:
             return None
-        p = p.to(torch.float64).clone()
-        success = self.success_probs(round)
-        if success is not None:
-            p = p * success.to(torch.float64)
-        if self.latency is not None and self.clock.deadline is not None:
-            on_time = self.latency.on_time_probs(self.clock.deadline, np.maximum(local_steps, 1))
-            p = p * torch.as_tensor(on_time, dtype=torch.float64)
-        return p
+        return p if success is None else p * success
 
     def context(self, plan: RoundPlan) -> RoundContext:
         """What the server knows when it opens the round."""
-        success = self.success_probs(plan.round)
         return RoundContext(
             round=plan.round,
             num_clients=self.num_clients,
             available=plan.available,
-            selected=plan.selected,
+            selected=plan.selected if plan.selection_counts is None else plan.selection_counts,
             received=plan.arrives,
             participation_probs=plan.aggregation_probs,
-            success_probs=success,
+            success_probs=plan.success_probs,
             local_steps=torch.from_numpy(plan.local_steps),
+            availability_probs=plan.availability_probs,
         )
 
 

@@ -18,6 +18,12 @@ and would drive a running variance negative. Integer buffers (``num_batches_trac
 the same sample-weighted mean of the clients' changes, rounded to the nearest integer, so a counter is never
 summed over clients.
 
+A rule whose clients train different sub-models (Fed-CIS: each node trains one exit) sets
+:attr:`~lightning_fedhet.algorithms.base.Algorithm.buffers_per_submodel`: then each buffer entry is averaged only over
+the arrived clients that changed it (those whose sub-model holds it), with the same sample weights normalised over
+those clients, so a deep exit's BatchNorm statistics are not pulled towards the global values by every client that
+trained a shallower exit.
+
 Robustness: an update that is not finite, or whose parameter norm exceeds ``max_update_norm`` (with
 ``update_norm_action="reject"``), is rejected and counted (``rejected_total``, ``history[t]["rejected"]``); with
 ``"clip"`` it is scaled down to the bound instead.
@@ -130,6 +136,9 @@ class Server:
         self._rejected: list[int] = []
         self._buffer_sum: Tensor | None = None
         self._int_sum: Tensor | None = None
+        # per-entry sample weights of the buffers' average (rules with buffers_per_submodel only)
+        self._buffer_weight: Tensor | None = None
+        self._int_weight: Tensor | None = None
 
     # ------------------------------------------------------------------ facts
     @property
@@ -167,6 +176,7 @@ class Server:
         self.current_client = None
         self._received, self._rejected = [], []
         self._buffer_sum, self._int_sum = None, None
+        self._buffer_weight, self._int_weight = None, None
         self.algorithm.open_round(round, self.planner.context(plan))
         return plan
 
@@ -242,12 +252,20 @@ class Server:
         num_samples = int(self.streams.sizes[client])
         info = ClientInfo(num_samples=num_samples, local_steps=int(self.plan.local_steps[client]), loss=float(loss))
         self.algorithm.add(client, delta[: self.num_parameters], info)
+        per_submodel = self.algorithm.buffers_per_submodel
         if self.global_vector.numel() > self.num_parameters:
-            buffers = delta[self.num_parameters :].to(torch.float64) * num_samples
+            change = delta[self.num_parameters :].to(torch.float64)
+            buffers = change * num_samples
             self._buffer_sum = buffers if self._buffer_sum is None else self._buffer_sum.add_(buffers)
+            if per_submodel:
+                held = (change != 0).to(torch.float64) * num_samples
+                self._buffer_weight = held if self._buffer_weight is None else self._buffer_weight.add_(held)
         if int_delta is not None and int_delta.numel():
             weighted = int_delta.to(torch.float64) * num_samples
             self._int_sum = weighted if self._int_sum is None else self._int_sum.add_(weighted)
+            if per_submodel:
+                held = (int_delta != 0).to(torch.float64) * num_samples
+                self._int_weight = held if self._int_weight is None else self._int_weight.add_(held)
         self._received.append(client)
         return True
 
@@ -267,7 +285,14 @@ class Server:
             self._buffer_sum = torch.zeros(size, dtype=torch.float64, device=vector.device)
         if self._int_sum is None:
             self._int_sum = torch.zeros(self.global_ints.numel(), dtype=torch.float64, device=self.global_ints.device)
-        own = RoundShares(sums=[self._buffer_sum, self._int_sum], tables=[self._received, self._rejected])
+        sums = [self._buffer_sum, self._int_sum]
+        if self.algorithm.buffers_per_submodel:
+            if self._buffer_weight is None:
+                self._buffer_weight = torch.zeros_like(self._buffer_sum)
+            if self._int_weight is None:
+                self._int_weight = torch.zeros_like(self._int_sum)
+            sums += [self._buffer_weight, self._int_weight]
+        own = RoundShares(sums=sums, tables=[self._received, self._rejected])
         return own.extend(self.algorithm.round_shares())
 
     def close_round(self, complete: bool = True) -> Tensor:
@@ -287,9 +312,10 @@ class Server:
         # the sample weights of the buffers' average: |D_i| of every received client
         weight = float(sum(int(self.streams.sizes[client]) for client in self._received))
         if self._buffer_sum is not None and weight > 0:
-            vector[self.num_parameters :] += (self._buffer_sum / weight).to(vector)
+            vector[self.num_parameters :] += _weighted_mean(self._buffer_sum, weight, self._buffer_weight).to(vector)
         if self._int_sum is not None and weight > 0:
-            self.global_ints = self.global_ints + torch.round(self._int_sum / weight).to(torch.int64)
+            mean = _weighted_mean(self._int_sum, weight, self._int_weight)
+            self.global_ints = self.global_ints + torch.round(mean).to(torch.int64)
         self.global_vector = vector
         self.rejected_total += len(self._rejected)
         previous = self.history[-1]["sim_time"] if self.history else 0.0
@@ -341,6 +367,13 @@ class Server:
         self.next_round = int(state["next_round"])
         self._client_optimizer_states = dict(state["client_optim_states"])
         self.plan = None
+
+
+def _weighted_mean(total: Tensor, weight: float, per_entry: Tensor | None) -> Tensor:
+    """``total / weight``, or ``total / per_entry`` entry by entry (0 where no client holds the entry)."""
+    if per_entry is None:
+        return total / weight
+    return torch.where(per_entry > 0, total / per_entry.clamp_min(1.0), torch.zeros_like(total))
 
 
 def check_update_norm(max_update_norm: float | None, update_norm_action: str) -> None:

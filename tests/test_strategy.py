@@ -183,9 +183,18 @@ def test_non_finite_update_is_rejected_counted_and_logged(tmp_path):
     assert strategy.history[0]["rejected"].tolist() == [0]
     assert strategy.history[0]["received"].tolist() == [1]
     assert strategy.history[0]["weights"] == {1: 1.0}
-    # the global model moved by client 1's update alone
+    # the global model moved by client 1's update alone: two rounds of one full-batch SGD step (lr 0.1) on client 1's
+    # 20 samples from the initial weights (a slip that let client 0's NaN update in, or dropped client 1's, fails)
     reference = TinyClassifier()
     torch.testing.assert_close(before, flat_params(reference))
+    x, y = ds.tensors[0][20:], ds.tensors[1][20:]
+    opt = torch.optim.SGD(reference.parameters(), lr=reference.lr)
+    for _ in range(2):
+        opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt.step()
+    torch.testing.assert_close(flat_params(model), flat_params(reference), atol=1e-6, rtol=0)
+    assert not torch.equal(flat_params(model), before)
     import csv
 
     rows = list(csv.DictReader(open(logger.log_dir + "/metrics.csv")))

@@ -19,19 +19,9 @@ PARAMS = ("local_steps", "num_clients", "seed", "max_update_norm", "update_norm_
           "client_weights", "engine")
 
 
-def _hashable(value) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
-
-
-# strategy.py tests ``engine not in ENGINES`` (a dict) and ``optimizer_state == "persist"`` before the named checks
-# run, so an unhashable engine raises "unhashable type" and an array optimizer_state numpy's "truth value of an
-# array is ambiguous"; both are left to test_strategy_known_gaps below until strategy.py checks them by name.
-engine_junk = junk.filter(_hashable)
-optimizer_state_junk = junk.filter(lambda v: not isinstance(v, np.ndarray))
+# an unhashable engine and an array optimizer_state are checked by name too (test_unhashable_engine_... below)
+engine_junk = junk
+optimizer_state_junk = junk
 
 local_steps = st.one_of(
     ints(1, 10),
@@ -60,9 +50,26 @@ def test_strategy_arguments(kwargs, participation, channel):
     strategy = build(lambda: FedHetStrategy(participation=participation, channel=channel, **kwargs),
                      *PARAMS, "p", "uplink")
     if strategy is not None:
+        # a strategy that builds keeps what it was given (a slip that swapped or defaulted an option fails)
         assert strategy.seed >= 0
+        assert strategy.engine == kwargs.get("engine", "sequential")
+        assert strategy.optimizer_state_mode == kwargs.get("optimizer_state", "reset")
+        assert strategy.update_norm_action == kwargs.get("update_norm_action", "reject")
+        assert strategy.client_weights == kwargs.get("client_weights", "uniform")
+        bound = kwargs.get("max_update_norm")
+        assert (strategy.max_update_norm is None) if bound is None else float(strategy.max_update_norm) == float(bound)
 
 
-@pytest.mark.parametrize("kwargs", [{"engine": []}, {"optimizer_state": np.array([])}], ids=["engine", "state"])
-def test_strategy_known_gaps(kwargs):
-    build(lambda: FedHetStrategy(**kwargs), *PARAMS)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"engine": []}, r"engine must be one of \('sequential', 'vmap'\), got \[\]"),
+        ({"optimizer_state": np.array([])}, r"optimizer_state must be one of \('reset', 'persist'\), got array"),
+    ],
+    ids=["engine", "state"],
+)
+def test_unhashable_engine_and_array_optimizer_state_are_refused_by_name(kwargs, message):
+    # Once gaps (an unhashable engine raised "unhashable type", an array optimizer_state numpy's "truth value is
+    # ambiguous"); the checks now name the parameter and the allowed values.
+    with pytest.raises(ValueError, match=message):
+        FedHetStrategy(**kwargs)

@@ -27,6 +27,7 @@ from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_s
 
 UNAVAILABLE = ("renormalize", "drop")
 ESTIMATORS = (None, "ema")
+MAX_DRAWS = 10**9
 _F64 = torch.float64
 
 
@@ -127,7 +128,8 @@ class WithReplacementSampler(Algorithm):
         min_success: float = 1e-6,
     ) -> None:
         super().__init__()
-        self.K = check_int(K, "K (number of draws per round)")
+        # bounded: numpy's multinomial draws take a C long, and a billion draws per round is beyond any run
+        self.K = check_int(K, "K (number of draws per round)", 1, MAX_DRAWS)
         self.unavailable = check_choice(unavailable, "unavailable", UNAVAILABLE)
         self.server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True)
         self.estimator_name = check_choice(estimator, "estimator", ESTIMATORS)
@@ -300,8 +302,9 @@ class WithReplacementSampler(Algorithm):
             if ctx.success_probs is not None:
                 self._known["success"] = check_vector(ctx.success_probs, "success_probs", 0.0, 1.0,
                                                       num_clients=self.num_clients)
-            if ctx.participation_probs is not None and self._known["participation"] is None:
-                self._known["participation"] = check_vector(ctx.participation_probs, "participation_probs", 0.0, 1.0,
+            if ctx.availability_probs is not None and self._known["participation"] is None:
+                # pi_m is the availability (the probability of being aggregated would count the links twice)
+                self._known["participation"] = check_vector(ctx.availability_probs, "availability_probs", 0.0, 1.0,
                                                             num_clients=self.num_clients)
             if ctx.local_steps is not None:
                 steps = torch.as_tensor(ctx.local_steps).flatten().cpu().to(torch.int64)
@@ -351,7 +354,12 @@ class WithReplacementSampler(Algorithm):
                 if (steps > 0).any():
                     norms[steps > 0] = self.norms_from_steps(steps[steps > 0])
             available = None if ctx is None else torch.as_tensor(ctx.available).flatten().cpu() != 0
-            self.estimator.update(self.last_counts > 0, arrived, available, norms)
+            drawn = self.last_counts > 0
+            if self.client_sizes is not None:
+                # a client holding no data never trains, so its draws say nothing about its link: counting them as
+                # failures would drive its s_hat to 0 and its p_m ∝ 1/s_hat to 1, and every draw would go to it
+                drawn = drawn & (self.client_sizes > 0)
+            self.estimator.update(drawn, arrived, available, norms)
         self._acc = None
         return self.params
 

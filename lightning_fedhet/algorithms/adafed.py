@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_fedhet._checks import check_choice, check_mask, check_vector
+from lightning_fedhet._checks import check_choice, check_mask
 from lightning_fedhet.algorithms._availability import AvailabilityRule
 from lightning_fedhet.algorithms.availability_estimators import MarkovAvailabilityEstimator
 from lightning_fedhet.algorithms.base import RoundContext
@@ -25,8 +25,9 @@ class AdaFed(AvailabilityRule):
     :meth:`select`); a client whose update is lost keeps its share of the normaliser (its term is just missing).
 
     Args:
-        pi_source: ``"known"`` (default; ``RoundContext.participation_probs``, the true ``pi`` as in the thesis'
-            experiments) or ``"estimate"`` (:class:`MarkovAvailabilityEstimator`'s ``pi_hat``).
+        pi_source: ``"known"`` (default; ``RoundContext.availability_probs``, the true availability ``pi`` as in
+            the thesis' experiments, not the probability of being aggregated, which also holds the links) or
+            ``"estimate"`` (:class:`MarkovAvailabilityEstimator`'s ``pi_hat``).
         pi_prior: prior of the estimator.
         server_lr: ``> 0``.
     """
@@ -50,15 +51,17 @@ class AdaFed(AvailabilityRule):
         super().setup(num_clients, init_params, client_weights, client_sizes)
         self.estimator.setup(self.num_clients)
 
+    def selection_probs(self, round: int) -> Tensor:
+        """AdaFed trains every available client: ``P(selected | available) = 1``."""
+        return torch.ones(self.num_clients, dtype=_F64)
+
     def _on_round(self, round: int, available: Tensor) -> None:
         self.estimator.update(available)
 
     def _round_weights(self, ctx: RoundContext | None) -> Tensor:
         if self.pi_source == "known":
-            probs = None if ctx is None else ctx.participation_probs
-            if probs is None:
-                raise ValueError("AdaFed(pi_source='known') needs RoundContext.participation_probs (the true pi_i)")
-            pi = check_vector(probs, "participation_probs", 0.0, 1.0, low_open=True, num_clients=self.num_clients)
+            probs = None if ctx is None else ctx.availability_probs
+            pi = self._context_probs(probs, "availability_probs", "AdaFed(pi_source='known')")
         else:
             pi = self.estimator.pi_hat()
         self.last_pi = pi

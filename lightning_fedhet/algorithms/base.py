@@ -24,6 +24,7 @@ default, so a rule overrides only what it uses.
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -52,8 +53,19 @@ class RoundContext:
             it has no closed form). This is the ``p_i`` that unbiased ``1/p_i`` weights divide by (FedAU paper
             Algorithm 1, FedStale paper Eq. 7/9: ``p_i`` is the probability that the update enters the
             aggregate, not merely that the client is asked). Rules that must not know it ignore it.
-        success_probs: float, probability that a client's round trip succeeds (``None`` if unknown).
+            A rule that selects clients itself enters through :meth:`Algorithm.selection_probs` (``None`` there
+            makes this ``None``). Entries may be 0 (a client that can never be aggregated, see
+            :meth:`Algorithm._context_probs`).
+        success_probs: float, probability that a **selected** client's update reaches the server this round:
+            ``P(downlink) x P(uplink) x P(on time | K_i(t))`` (the lossy links and the deadline; ``None`` when
+            every selected client's update arrives).
         local_steps: int, local steps each client was asked to run this round (0 if not selected).
+        availability_probs: float, probability that each client is available this round (the participation
+            process's ``p_i``; ``None`` if unknown): what availability-aware rules (AdaFed's ``pi_i``, the samplers'
+            ``unavailable="drop"``) divide by.
+
+    ``selected`` holds int64 draw counts instead of a bool mask when the rule's own sampler draws with
+    replacement (FedACS and its baselines); ``selected > 0`` is the mask.
     """
 
     round: int
@@ -64,6 +76,7 @@ class RoundContext:
     participation_probs: Tensor | None = None
     success_probs: Tensor | None = None
     local_steps: Tensor | None = None
+    availability_probs: Tensor | None = None
 
     def __post_init__(self) -> None:
         self.round = check_round(self.round)
@@ -163,6 +176,10 @@ class Algorithm:
     #: ``True`` for rules that implement :meth:`round_shares` (every rule of this package), so a round's clients can
     #: be split over several processes (``FedHetDDPStrategy``); the many-process strategy refuses the others
     shares_rounds: ClassVar[bool] = False
+    #: ``True`` for rules whose clients train different sub-models of the network (Fed-CIS: one exit each): the
+    #: server then averages each floating buffer entry (BatchNorm statistics) and integer buffer entry only over the
+    #: arrived clients that changed it, with their sample weights normalised over them, instead of over every arrival
+    buffers_per_submodel: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.num_clients: int = 0
@@ -173,6 +190,7 @@ class Algorithm:
         # |D_i| of every client (int64 [N]) from setup(); rules that weigh by data held by *other* clients
         # (FedCIS's |D_{e,p}|) read it. None when unknown.
         self.client_sizes: Tensor | None = None
+        self._warned_never_aggregated: set[tuple[int, ...]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def setup(
@@ -251,6 +269,18 @@ class Algorithm:
         would run this round, and the participation probabilities (as in :class:`RoundContext`, ``None`` when
         unknown). Samplers that need them (FedACS) override it.
         """
+
+    def selection_probs(self, round: int) -> Tensor | None:
+        """``P(selected | available)`` of this rule's own :meth:`select` in round ``round``, float64 ``[N]``, or
+        ``None`` when it has no closed form. Called by the server when it plans the round (before :meth:`select`)
+        to compute ``RoundContext.participation_probs``.
+
+        Default: all ones for a rule that keeps every available client (``selects_clients = False``), ``None`` for
+        a rule with its own sampler; such a rule that keeps every available client overrides it (AdaFed, Fed-CIS).
+        """
+        if self.selects_clients:
+            return None
+        return torch.ones(self.num_clients, dtype=torch.float64)
 
     def wants_probe_losses(self) -> bool:
         """Whether the server must compute probe losses for :meth:`observe_losses` this round. Default: ``False``.
@@ -365,11 +395,28 @@ class Algorithm:
             raise ValueError(f"client {client} already added in this round")
 
     def _context_probs(self, values, name: str, needed_by: str) -> Tensor:
-        """``RoundContext.<name>`` for a rule that divides by it: float64 CPU ``[N]`` with entries in ``(0, 1]``
-        (a scalar is broadcast). ``needed_by`` names the rule's setting in the error when the value is unknown."""
+        """``RoundContext.<name>`` for a rule that divides by it: float64 CPU ``[N]`` with entries in ``[0, 1]``
+        (a scalar is broadcast). ``needed_by`` names the rule's setting in the error when the value is unknown.
+
+        A client whose probability is 0 can never be aggregated (``p_i = 0``, or a deadline it cannot meet): the
+        rule runs on, its ``1/p_i`` weight is never used, and a warning (once per rule and set of such clients)
+        says that its data is never seen, so the rule is unbiased only for the objective over the other clients.
+        """
         if values is None:
             raise ValueError(f"{needed_by} needs RoundContext.{name}")
-        return check_vector(values, f"RoundContext.{name}", 0.0, 1.0, low_open=True, num_clients=self.num_clients)
+        probs = check_vector(values, f"RoundContext.{name}", 0.0, 1.0, num_clients=self.num_clients)
+        never = tuple(torch.nonzero(probs == 0).flatten().tolist())
+        if never and never not in self._warned_never_aggregated:
+            self._warned_never_aggregated.add(never)
+            shown = ", ".join(map(str, never[:10])) + (", ..." if len(never) > 10 else "")
+            warnings.warn(
+                f"{type(self).__name__} ({needed_by}): {len(never)} client(s) have RoundContext.{name} = 0 (ids "
+                f"{shown}): they are never aggregated, so their data is never seen and the update is unbiased only "
+                "for the objective over the other clients",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return probs
 
     def _check_client(self, client: int, delta: Tensor) -> None:
         if not 0 <= client < self.num_clients:

@@ -44,7 +44,9 @@ a labelled extension the rules can instead use a bias-corrected exponential movi
 the server observes: per client, arrival (``add`` called) of each round it was drawn (estimates ``s_m``), the
 ``||a||_1`` of the steps it was told to run (``RoundContext.local_steps``), and its availability
 (``RoundContext.available``, used with ``unavailable="drop"``). The estimates use rounds ``< t`` only; oracle values
-are then ignored. Unseen clients start at ``s = 1`` and at the mean known norm.
+are then ignored. Unseen clients start at ``s = 1`` and at the mean known norm. A client that holds no data (its
+``client_sizes`` entry is 0) never trains, so its draws are not counted as failed arrivals: it keeps ``s = 1``, as
+with the oracle, instead of ``s -> 0``, which would pull every draw onto it.
 
 **Unavailable clients** (not in the paper, where every client can be drawn and only uploads fail):
 

@@ -77,9 +77,12 @@ Every named strategy sums to 1 (the released code normalises every ``Lt``).
    (no renormalisation), as in line 11.
 9. *Sub-models and BatchNorm.* FedCIS does not mask coordinates: it relies on the client leaving the parameters
    deeper than its trained exit untouched (zero delta), which :class:`~lightning_fedhet.EarlyExitClassifier` does
-   (its forward stops at exit ``e``). BatchNorm running means/variances are floating buffers, part of the flat
-   vector (:class:`~lightning_fedhet.flat.FlatModel`), so they are aggregated with the same weights (as in the
-   code); the integer ``num_batches_tracked`` is not aggregated (unused with the default BN momentum).
+   (its forward stops at exit ``e``). BatchNorm running means/variances (and ``num_batches_tracked``) are buffers,
+   which the server averages, not the rule (the rule's ``1/p`` weights need not sum to one and would drive a
+   running variance negative). They are averaged **per sub-model**, like the parameters: each entry over the
+   arrived nodes whose trained exit holds it (those that changed it), with sample weights ``|D_i|`` normalised over
+   those nodes (``buffers_per_submodel``); a node that trained a shallower exit does not pull a deeper exit's
+   statistics towards the old global values.
 
 Exit draws happen in :meth:`select` with the round's generator (one uniform per node, for every node, so the draws
 are a pure function of the seed and the round) and reach the client through :meth:`client_config`
@@ -351,6 +354,8 @@ class FedCIS(Algorithm):
     selects_clients: ClassVar[bool] = True
     sends_client_config: ClassVar[bool] = True
     shares_rounds: ClassVar[bool] = True
+    #: each node trains one exit's sub-model: its buffers are averaged over the nodes that hold them
+    buffers_per_submodel: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -522,6 +527,10 @@ class FedCIS(Algorithm):
         self.exits = torch.from_numpy(idx.astype(np.int64) + 1)
         self._draw_round = int(round)
         return torch.as_tensor(available).clone().to(torch.bool)
+
+    def selection_probs(self, round: int) -> Tensor:
+        """Fed-CIS keeps every available node: ``P(selected | available) = 1``."""
+        return torch.ones(self.num_clients, dtype=torch.float64)
 
     def client_config(self, client: int) -> dict:
         if self._draw_round is None:

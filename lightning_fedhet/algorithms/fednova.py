@@ -16,7 +16,8 @@ selected, ``r_i`` the raw weight (``alpha_i``, ``weighting="participating"``, de
     tau_eff = sum_{i in R_t} r_i ||a_i||_1 / sum_{i in R_t} r_i      (both; the paper's mean over received clients)
 
 ``m_i`` is client ``i``'s multiplicity in ``RoundContext.selected`` (1 for a boolean mask; the number of draws when
-it holds counts). Under ``"selected"`` a selected client whose update is lost contributes a zero update instead of
+it holds counts: the server passes a with-replacement sampler's draw counts through, so ``m_i > 1`` arises when the
+round's clients were drawn with replacement, as in the FedACS paper's experiments). Under ``"selected"`` a selected client whose update is lost contributes a zero update instead of
 having the others renormalised, so the step shrinks by the lost share, as in Eq. 116a. It needs ``weighting=
 "participating"`` (the sample counts of lost clients are not reported; pass ``client_weights`` proportional to
 ``|D_i|`` instead). ``tau_i`` is ``ClientInfo.local_steps`` (the steps the client actually ran).

@@ -23,13 +23,18 @@ What a lost packet means in each rule:
 - UDMA-PL: a lost client contributes a zero *model* (not ``w_t``), and the received models are scaled by
   ``1/(1-q_i)`` without renormalisation. Unbiased in expectation, but its variance scales with the model norm,
   ``sum alpha_i^2 q_i/(1-q_i) ||w_i||^2`` (Lemma A.1). With ``S_t`` empty Eq. 4.4 literally returns the **zero
-  model**; ``empty_round="zero"`` (default) does that and warns once, ``"keep"`` keeps ``w_t`` instead.
+  model**, which wipes out training: ``empty_round="keep"`` (default) keeps ``w_t`` instead, and ``"zero"`` is the
+  literal rule (it warns once when it happens).
 
 UPGA-PL and DMA-PL keep ``w_t`` when nobody arrives.
 
 ``q_i`` (UPGAPL, UDMAPL) comes from, per the ``q`` argument:
 
-- ``"known"`` (default): ``q_i = 1 - RoundContext.success_probs[i]`` (the thesis gives the true ``q``, §1.2);
+- ``"known"`` (default): ``1 - q_i = RoundContext.participation_probs[i]``, the probability that client ``i``'s
+  update is aggregated this round (the thesis gives the true ``q``, §1.2). Under the thesis's setting (every client
+  selected, independent losses, no deadline) that is exactly the link's success probability ``(1 - q_down)(1 -
+  q_up)``; under partial participation it also holds ``P(selected)``, and with a deadline ``P(on time | K_i(t))``,
+  without which ``E[1{i in S_t} / (1 - q_i)]`` is not 1 and the update is biased towards reliable, fast clients;
 - ``"estimate"``: an online estimate from rounds ``< t`` only (so the weight is independent of this round's
   outcome): ``1 - q_hat_i = (arrivals_i + 1) / (attempts_i + 1)``, where an attempt is a round in which the
   client was in ``RoundContext.selected`` and an arrival a round in which :meth:`add` was called for it. The
@@ -130,9 +135,9 @@ class _LossyAggregator(Algorithm):
             return 1.0 - self._fixed_q
         if self.estimator is not None:
             return self.estimator.estimates()
-        # success probabilities 1 - q_i, in (0, 1]: the weights divide by them (loss probability q_i < 1)
-        probs = None if ctx is None else ctx.success_probs
-        return self._context_probs(probs, "success_probs", f"{type(self).__name__}(q='known')")
+        # 1 - q_i = P(client i's update is aggregated this round): selection x links x deadline
+        probs = None if ctx is None else ctx.participation_probs
+        return self._context_probs(probs, "participation_probs", f"{type(self).__name__}(q='known')")
 
     def open_round(self, round: int, ctx: RoundContext | None) -> None:
         super().open_round(round, ctx)
@@ -188,7 +193,7 @@ class UPGAPL(_LossyAggregator):
     """Unbiased pseudo-gradient aggregation under packet loss (thesis Algorithm 5, Eq. 4.5).
 
     Args:
-        q: ``"known"`` (``1 - RoundContext.success_probs``), ``"estimate"`` or ``N`` fixed values in ``[0, 1)``.
+        q: ``"known"`` (``1 - RoundContext.participation_probs``), ``"estimate"`` or ``N`` fixed values in ``[0, 1)``.
         server_lr: ``eta_s > 0`` (1 in the thesis).
 
     Example::
@@ -241,10 +246,11 @@ class UDMAPL(_LossyAggregator):
 
     Args:
         q: ``"known"``, ``"estimate"`` or ``N`` fixed values in ``[0, 1)``.
-        empty_round: ``"zero"`` (default, literal Eq. 4.4: the zero model, with a one-time warning) or ``"keep"``.
+        empty_round: what a round in which nobody arrives returns: ``"keep"`` (default, ``w_t``) or ``"zero"``
+            (literal Eq. 4.4: the zero model, with a one-time warning).
     """
 
-    def __init__(self, q: str | Sequence[float] | Tensor = "known", empty_round: str = "zero") -> None:
+    def __init__(self, q: str | Sequence[float] | Tensor = "known", empty_round: str = "keep") -> None:
         super().__init__(q)
         check_choice(empty_round, "empty_round", ("zero", "keep"))
         self.empty_round = empty_round

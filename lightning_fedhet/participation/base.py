@@ -57,6 +57,13 @@ class Participation:
         self._check_setup()
         return torch.as_tensor(self._stationary(), dtype=torch.float64)
 
+    def marginal_probs(self, round: int) -> Tensor:
+        """``P(client i is available in round round)``, float64 ``[N]``: what a server that knows the process
+        divides by. Equal to :attr:`p` for a process that is stationary from round 0 (the default); processes whose
+        first rounds are not (``Cyclic(offset="inactive")``) override it."""
+        check_round(round)
+        return self.p
+
     def _sample(self, round: int) -> np.ndarray:
         raise NotImplementedError
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
+from torch import Tensor
 
-from lightning_fedhet._checks import check_choice, check_int
+from lightning_fedhet._checks import check_choice, check_int, check_round
 from lightning_fedhet.participation._process import ProbabilityProcess, fmt_spec
 from lightning_fedhet.participation.recipes import Recipe, check_prob_spec, resolve_probs
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
@@ -35,7 +37,10 @@ class Cyclic(ProbabilityProcess):
       ``Bernoulli(active / (active + inactive))`` marginally (the paper's "to simulate a stationary random
       process").
     - ``offset="inactive"``: FedAU's code: every client starts in its off block at a uniform position within it,
-      so its first active round is uniform on ``{0, ..., inactive - 1}``.
+      so its first active round is uniform on ``{0, ..., inactive - 1}``. The process is then not stationary: the
+      probability that client ``i`` is on in round ``t`` is ``#{u in 0..inactive-1 : (t - u) mod cycle < active} /
+      inactive`` (0 in round 0 unless ``u = 0`` is possible, ...), whose average over a cycle is :attr:`p`;
+      :meth:`marginal_probs` gives it round by round, and the server divides by it.
 
     Client ``i`` is on in round ``t`` iff ``(t + phase_i) mod (active_i + inactive_i) < active_i``; no state, any
     round in ``O(N)``.
@@ -83,6 +88,26 @@ class Cyclic(ProbabilityProcess):
 
     def _stationary(self) -> np.ndarray:
         return self.active / self._cycle
+
+    def marginal_probs(self, round: int) -> Tensor:
+        """``P(on in round round)`` per client, float64 ``[N]``: :attr:`p` under ``offset="uniform"``; under
+        ``"inactive"`` the share of the equally likely first-active rounds ``u in {0, ..., inactive - 1}`` for which
+        ``(round - u) mod cycle < active``."""
+        check_round(round)
+        self._check_setup()
+        if self.offset == "uniform":
+            return self.p
+        # client on iff (t - u) mod c < a, u uniform on [0, I): count the integers x in the window [t - I + 1, t]
+        # (x = t - u; shifted by a multiple of c so that its top is t mod c) whose residue lies in [0, a)
+        t = int(round)
+        a, inactive, c = self.active, self.inactive, self._cycle
+        hi = t % c  # residue of u = 0; the window is hi, hi-1, ..., hi-I+1 (mod c)
+        lo = hi - inactive + 1
+        # the window is I <= c - 1 long (active >= 1), so it wraps below 0 at most once: [max(lo, 0), hi] and, when
+        # lo < 0, [lo + c, c - 1]
+        direct = np.clip(np.minimum(hi, a - 1) - np.maximum(lo, 0) + 1, 0, None)
+        wrapped = np.where(lo < 0, np.clip(np.minimum(c - 1, a - 1) - (lo + c) + 1, 0, None), 0)
+        return torch.as_tensor((direct + wrapped) / inactive, dtype=torch.float64)
 
     def __repr__(self) -> str:
         return f"Cyclic(period={self.period}, p={fmt_spec(self._p_spec)}, offset={self.offset!r})"

@@ -23,7 +23,7 @@ def mask(n, ids):
     return m
 
 
-def ctx_for(t, n, available, selected, received, p=None, s=None, steps=None):
+def ctx_for(t, n, available, selected, received, p=None, s=None, steps=None, pi=None):
     return RoundContext(
         round=t,
         num_clients=n,
@@ -33,6 +33,7 @@ def ctx_for(t, n, available, selected, received, p=None, s=None, steps=None):
         participation_probs=None if p is None else torch.as_tensor(p, dtype=F64),
         success_probs=None if s is None else torch.as_tensor(s, dtype=F64),
         local_steps=None if steps is None else torch.as_tensor(steps, dtype=torch.int64),
+        availability_probs=None if pi is None else torch.as_tensor(pi, dtype=F64),
     )
 
 

@@ -19,14 +19,14 @@ def test_adafed_hand_computed():
     algo.setup(4, torch.zeros(1, dtype=F64), ALPHA4)
     pi = [0.5, 0.25, 0.75, 1.0]
     assert algo.select(0, mask(4, [0, 1, 3]), None).tolist() == [True, True, False, True]
-    algo.open_round(0, ctx_for(0, 4, [0, 1, 3], [0, 1, 3], [0, 3], p=pi))
+    algo.open_round(0, ctx_for(0, 4, [0, 1, 3], [0, 1, 3], [0, 3], pi=pi))
     algo.add(0, vec(7.0), ClientInfo(1, 1))
     algo.add(3, vec(14.0), ClientInfo(1, 1))
     assert torch.allclose(algo.close_round(), vec(5.0))
     assert algo.last_weights == pytest.approx({0: 1 / 7, 3: 2 / 7})
     # round 1: S = {1, 2}: 0.8 + 0.4 = 1.2 -> q_1 = 2/3, q_2 = 1/3; deltas 3 and -3 -> w = 5 + 2 - 1 = 6
     algo.select(1, mask(4, [1, 2]), None)
-    algo.open_round(1, ctx_for(1, 4, [1, 2], [1, 2], [1, 2], p=pi))
+    algo.open_round(1, ctx_for(1, 4, [1, 2], [1, 2], [1, 2], pi=pi))
     algo.add(1, vec(3.0), ClientInfo(1, 1))
     algo.add(2, vec(-3.0), ClientInfo(1, 1))
     assert torch.allclose(algo.close_round(), vec(6.0))
@@ -38,9 +38,38 @@ def test_bad_inputs():
     ada = AdaFed()
     ada.setup(2, torch.zeros(1, dtype=F64))
     ada.select(0, torch.ones(2, dtype=torch.bool), None)
-    with pytest.raises(ValueError, match="participation_probs"):
+    with pytest.raises(ValueError, match="availability_probs"):
         ada.open_round(0, ctx_for(0, 2, [0, 1], [0, 1], [0, 1]))
 
 
 def test_state_dict_resume_equals_uninterrupted():
     check_resume(lambda: AdaFed(pi_source="estimate"))
+
+
+def test_known_pi_is_the_availability_not_the_probability_of_being_aggregated():
+    # Slip caught: dividing by RoundContext.participation_probs (availability x links) instead of the availability.
+    # N = 2, alpha = 1/2 each, availability pi = (0.5, 1), client 0's upload is lost half the time (P(aggregated) =
+    # (0.25, 1)). In a round where both are available: alpha/pi = (1, 0.5) -> q = (2/3, 1/3); dividing by
+    # P(aggregated) would give alpha/p = (2, 0.5) -> (0.8, 0.2).
+    from torch.utils.data import TensorDataset
+
+    from lightning_fedhet.data.streams import ClientStreams
+    from lightning_fedhet.federation import RoundPlanner
+    from lightning_fedhet.participation import Bernoulli
+    from lightning_fedhet.server import Server
+    from lightning_fedhet.system import LossyChannel
+
+    algo = AdaFed()
+    streams = ClientStreams(TensorDataset(torch.zeros(2, 1)), [[0], [1]], batch_size=1)
+    planner = RoundPlanner(Bernoulli([0.5, 1.0]), algo, streams, channel=LossyChannel(uplink=[0.5, 0.0]), seed=1)
+    server = Server(planner, algo, torch.zeros(1, dtype=F64), num_parameters=1)
+    for t in range(50):
+        plan = server.begin_round(t)
+        for client in plan.trained_ids:
+            server.submit(client, vec(1.0), 0.0)
+        server.close_round()
+        if plan.arrives.all():
+            assert server.history[-1]["weights"] == pytest.approx({0: 2 / 3, 1: 1 / 3})
+            break
+    else:
+        pytest.fail("no round in which both clients arrived")

@@ -139,7 +139,60 @@ def test_rule(cls, data):
     repr(rule)
     rule.hparams()
     sizes = torch.full((N,), 5)
-    build(lambda: rule.setup(N, torch.zeros(4), client_sizes=sizes), *names)
+    if build(lambda: rule.setup(N, torch.zeros(4), client_sizes=sizes) or True, *names) is None:
+        return
+    # A rule that builds and sets up runs: finite parameters, weights only for arrived updates, finite and >= 0,
+    # the same result for the same draws (determinism in the seed), and w unchanged when every update is zero (the
+    # rules are sums of weighted deltas; UDMA-PL, which averages models, is the exception).
+    if float(np.asarray(kwargs.get("server_lr", 1.0), dtype=np.float64).reshape(-1)[0]) > 1e3:
+        return  # accepted, but a step of 1e38 x delta overflows float32: finiteness is a claim for sane steps only
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    first = _drive(rule, seed)
+    again = cls(**kwargs)
+    again.setup(N, torch.zeros(4), client_sizes=sizes)
+    assert all(torch.equal(a, b) for a, b in zip(first, _drive(again, seed))), "not deterministic in the seed"
+    if cls is not UDMAPL:
+        still = cls(**kwargs)
+        still.setup(N, torch.zeros(4), client_sizes=sizes)
+        assert all(torch.equal(w, torch.zeros(4)) for w in _drive(still, seed, zero=True)), "moved on zero updates"
+
+
+def _drive(rule, seed: int, rounds: int = 3, zero: bool = False) -> list[torch.Tensor]:
+    """Run ``rounds`` rounds through every hook with availability, links and deltas drawn from ``seed``; check the
+    round invariants and return the parameters after each round."""
+    import warnings
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    out = []
+    for t in range(rounds):
+        available = torch.from_numpy(rng.random(N) < 0.8)
+        success, availability = torch.full((N,), 0.9, dtype=f64), torch.full((N,), 0.8, dtype=f64)
+        rule.observe_system(t, success_probs=success, local_steps=torch.full((N,), 2), participation_probs=availability)
+        if rule.wants_probe_losses():
+            rule.observe_losses(t, torch.where(available, torch.ones(N, dtype=f64), torch.nan))
+        chosen = torch.as_tensor(rule.select(t, available, rng))
+        mask = chosen if chosen.dtype == torch.bool else chosen > 0
+        for client in torch.nonzero(mask).flatten().tolist():
+            rule.client_config(client)
+        arrived = mask & torch.from_numpy(rng.random(N) < 0.9)
+        ctx = RoundContext(t, N, available, chosen, arrived, participation_probs=availability * success,
+                           success_probs=success, local_steps=torch.where(mask, 2, 0), availability_probs=availability)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. UDMA-PL's literal empty round, the samplers' missing oracle
+            rule.open_round(t, ctx)
+            ids = torch.nonzero(arrived).flatten().tolist()
+            for client in ids:
+                delta = torch.zeros(4) if zero else torch.randn(4, generator=gen)
+                rule.add(client, delta, ClientInfo(5, 2, 0.5))
+            params = rule.close_round().clone()
+        assert params.shape == (4,) and torch.isfinite(params).all(), params
+        weights = rule.last_weights
+        assert set(weights) <= set(ids), (weights, ids)
+        assert all(np.isfinite(w) and w >= 0 for w in weights.values()), weights
+        out.append(params)
+    return out
 
 
 @PROPERTY

@@ -367,3 +367,29 @@ def test_check_client_solver_matches_the_norm_model():
     calibrated.setup(2, torch.zeros(1, dtype=F64))
     with pytest.raises(ValueError, match="CAFedAvg"):
         calibrated.check_client_solver(torch.optim.Adam(params), "reset")
+
+
+def test_ema_estimator_is_not_pulled_onto_clients_that_hold_no_data():
+    # Slip caught: counting the draws of a client with no data (it never trains) as failed arrivals, which drives its
+    # s_hat to 0, its p_m ∝ 1/s_hat to 1, and every draw onto it: training stops. Clients 1 and 3 hold no data; no
+    # channel, one local step: the oracle's p is omega = 1/4 each, and so must the estimator's stay (s_hat = 1 for
+    # clients that always arrive, the prior 1 for those never able to train).
+    from torch.utils.data import TensorDataset
+
+    from lightning_fedhet.data.streams import ClientStreams
+    from lightning_fedhet.federation import RoundPlanner
+    from lightning_fedhet.participation import Full
+    from lightning_fedhet.server import Server
+
+    algo = FedACS(K=4, estimator="ema", ema=0.5)
+    streams = ClientStreams(TensorDataset(torch.zeros(4, 1)), [[0, 1], [], [2, 3], []], batch_size=2)
+    server = Server(RoundPlanner(Full(), algo, streams, seed=0), algo, torch.zeros(1), num_parameters=1)
+    trained = 0
+    for t in range(30):
+        plan = server.begin_round(t)
+        trained += len(plan.trained_ids)
+        for client in plan.trained_ids:
+            server.submit(client, torch.ones(1), 0.0)
+        server.close_round()
+    torch.testing.assert_close(algo.last_probabilities, torch.full((4,), 0.25, dtype=torch.float64))
+    assert trained > 30  # K = 4 draws, half on clients with data: ~2 trained per round

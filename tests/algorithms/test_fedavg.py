@@ -1,5 +1,7 @@
 """FedAvg on hand-computed 2-client, 2-round examples, one per weighting."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -103,13 +105,23 @@ def test_bad_arguments(kwargs, match):
         FedAvg(**kwargs)
 
 
-def test_known_p_requires_positive_probabilities():
+def test_known_p_needs_the_probabilities_and_warns_once_about_clients_never_aggregated():
+    # Slip caught: raising every round for a client with p_i = 0 (it never arrives, so its 1/p_i is never used), or
+    # dividing the others by the wrong probability. Client 1 (p = 0) is never aggregated; client 0 (p = 0.5, alpha
+    # 1/2) sends 3: w = 0 + (1/2) / 0.5 * 3 = 3 per round.
     algo = FedAvg("known_p")
     algo.setup(2, torch.zeros(2))
     with pytest.raises(ValueError, match="participation_probs"):
         algo.open_round(0, _ctx(0, probs=None))
-    with pytest.raises(ValueError, match=r"RoundContext.participation_probs must lie in \(0, 1\], got 0.0"):
+    with pytest.warns(RuntimeWarning, match=r"1 client\(s\) have RoundContext.participation_probs = 0 \(ids 1\)"):
         algo.open_round(0, _ctx(0, probs=torch.tensor([0.5, 0.0])))
+    algo.add(0, torch.tensor([3.0, 0.0]), ClientInfo(1, 1))
+    torch.testing.assert_close(algo.close_round(), torch.tensor([3.0, 0.0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        algo.open_round(1, _ctx(1, probs=torch.tensor([0.5, 0.0])))
+    algo.add(0, torch.tensor([3.0, 0.0]), ClientInfo(1, 1))
+    torch.testing.assert_close(algo.close_round(), torch.tensor([6.0, 0.0]))
 
 
 def test_setup_validation():

@@ -171,6 +171,22 @@ def test_root_local_base_hand_computed():
     torch.testing.assert_close(w, torch.tensor([3.125, 3.5, 1.0]), atol=1e-6, rtol=0)
 
 
+def _pair_weights_7node_8015_code_p() -> torch.Tensor:
+    """Algorithm 6 line 11's pair weights ``Lt_e |D_i| / |D_{e,p}| / p_{i,e}`` written out for the 7-node tree at
+    80-15-5 (``Lt = (0.8, 0.15, 0.05)``), sizes ``(40, 20, 20, 10, 10, 10, 10)`` and the code's ``0.4-0.8``
+    sampling: root ``p = (0.4, 0.4, 0.2)``, middle nodes ``(0.4, 0.6, 0)``, leaves ``(1, 0, 0)``. ``|D_{e,p}|`` over
+    the nodes with ``p_{i,e} > 0``: exit 1 all (120), exit 2 the root and the middle nodes (80), exit 3 the root
+    (40). Independent of the code under test (``[N, E]``, 0 where ``p_{i,e} = 0``)."""
+    lt = [0.8, 0.15, 0.05]
+    sizes = [40, 20, 20, 10, 10, 10, 10]
+    p = [[0.4, 0.4, 0.2], [0.4, 0.6, 0.0], [0.4, 0.6, 0.0]] + [[1.0, 0.0, 0.0]] * 4
+    d_e = [120.0, 80.0, 40.0]
+    return torch.tensor(
+        [[lt[e] * sizes[i] / d_e[e] / p[i][e] if p[i][e] > 0 else 0.0 for e in range(3)] for i in range(7)],
+        dtype=torch.float64,
+    )
+
+
 def test_root_local_matches_a_transcription_of_the_released_aggregation_loop():
     # 7-node tree, p > 0 (code convention 0.4-0.8), random deltas confined to each drawn exit's sub-model, random
     # masks. The reference is the released code's loop over the nodes other than the root, written out per
@@ -187,7 +203,7 @@ def test_root_local_matches_a_transcription_of_the_released_aggregation_loop():
         w_t = torch.randn(d, generator=gen, dtype=torch.float64)
         algo.setup(7, w_t.clone(), client_sizes=torch.tensor([40, 20, 20, 10, 10, 10, 10]))
         algo.select(rnd, torch.ones(7, dtype=torch.bool), np.random.default_rng([11, rnd]))
-        coef = algo.pair_weights(rnd)
+        coef = _pair_weights_7node_8015_code_p()  # not algo.pair_weights: expected values come from the paper
         local = {}
         for c in range(7):
             e = int(algo.exits[c])
@@ -470,11 +486,16 @@ def test_end_to_end_with_strategy_and_early_exit_classifier():
 
     # the rule sees the parameters only (the server averages the BatchNorm statistics itself)
     level = torch.cat([torch.full((k,), needed_by(n)) for n, k in zip(names, flat.numels)])[: flat.num_parameters]
+    # Algorithm 6 line 11 by hand (not algo.pair_weights): Lt = (0.8, 0.15, 0.05); scalar p = 0.3 gives the root
+    # (0.3, 0.3, 0.4), middle nodes (0.3, 0.7), leaves (1); |D_i| = 8, |D_{e,p}| = 56, 24, 8 for exits 1, 2, 3
+    lt, d_e = (0.8, 0.15, 0.05), (56.0, 24.0, 8.0)
+    p_ie = [(0.3, 0.3, 0.4), (0.3, 0.7), (0.3, 0.7)] + [(1.0,)] * 4
     for r in range(rounds):
         exits = dict(algo.configs[r * 7 : (r + 1) * 7])
         for client, delta in algo.deltas[r].items():
             e = exits[client]
-            assert strategy.history[r]["weights"][client] == pytest.approx(float(algo.pair_weights(r)[client, e - 1]))
+            expected = lt[e - 1] * 8.0 / d_e[e - 1] / p_ie[client][e - 1]
+            assert strategy.history[r]["weights"][client] == pytest.approx(expected)
             # parameters deeper than the trained exit got exactly zero delta
             assert torch.count_nonzero(delta[level > e]) == 0, (r, client, e)
             # the trained exit's own head moved

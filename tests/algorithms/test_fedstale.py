@@ -111,8 +111,11 @@ def test_bad_constructor_arguments(build, match):
 def test_bad_round_inputs():
     # known_p with a zero probability
     algo = setup(FedStale(beta=0.5), 3, [0.0])
-    with pytest.raises(ValueError, match=r"participation_probs.*\(0, 1\]"):
+    with pytest.warns(RuntimeWarning, match="never aggregated"):
         algo.open_round(0, make_ctx(0, 3, [0], p=[0.5, 0.0, 1.0]))
+    algo.close_round()
+    with pytest.raises(ValueError, match=r"participation_probs.*\[0, 1\]"):
+        algo.open_round(1, make_ctx(1, 3, [0], p=[0.5, 1.5, 1.0]))
     with pytest.raises(ValueError, match="participation_probs"):
         algo.open_round(0, make_ctx(0, 3, [0]))  # unknown p
 

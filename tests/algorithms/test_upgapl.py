@@ -18,6 +18,7 @@ from lightning_fedhet.algorithms import DMAPL, UDMAPL, UPGAPL, ClientInfo, Round
 from tests.algorithms.rule_rounds import F64, check_resume, close, make_ctx, run_round, setup
 
 # alpha = [1,1,2]/4 = [0.25, 0.25, 0.5]; success s = 1-q = [1, 0.5, 0.8]; c = alpha/s = [0.25, 0.5, 0.625]
+# (the thesis's setting: every client selected, no deadline, so P(aggregated) = 1 - q, passed as p)
 ALPHA = torch.tensor([1.0, 1.0, 2.0])
 S_PROBS = [1.0, 0.5, 0.8]
 LOSSY_ROUNDS = [{0: [4, 0], 2: [0, 8]}, {1: [2, 2]}, {}]
@@ -26,12 +27,12 @@ LOSSY_ROUNDS = [{0: [4, 0], 2: [0, 8]}, {1: [2, 2]}, {}]
 def test_upgapl_hand_computed():
     algo = setup(UPGAPL(), 3, [2.0, 2.0], ALPHA)
     # round 0: w + 0.25[4,0] + 0.625[0,8] = [2,2] + [1,5] = [3,7]
-    close(run_round(algo, 0, 3, LOSSY_ROUNDS[0], s=S_PROBS), [3.0, 7.0])
+    close(run_round(algo, 0, 3, LOSSY_ROUNDS[0], p=S_PROBS), [3.0, 7.0])
     assert algo.last_weights == pytest.approx({0: 0.25, 2: 0.625})
     # round 1: + 0.5[2,2] = [4,8]
-    close(run_round(algo, 1, 3, LOSSY_ROUNDS[1], s=S_PROBS), [4.0, 8.0])
+    close(run_round(algo, 1, 3, LOSSY_ROUNDS[1], p=S_PROBS), [4.0, 8.0])
     # round 2: nobody -> unchanged
-    close(run_round(algo, 2, 3, LOSSY_ROUNDS[2], s=S_PROBS), [4.0, 8.0])
+    close(run_round(algo, 2, 3, LOSSY_ROUNDS[2], p=S_PROBS), [4.0, 8.0])
 
 
 def test_dmapl_hand_computed():
@@ -49,13 +50,13 @@ def test_udmapl_hand_computed():
     for empty, last in (("zero", [0.0, 0.0]), ("keep", [2.375, 4.375])):
         algo = setup(UDMAPL(empty_round=empty), 3, [2.0, 2.0], ALPHA)
         # round 0: 0.25 [6,2] + 0.625 [2,10] = [1.5+1.25, 0.5+6.25] = [2.75, 6.75]  (no renormalisation)
-        close(run_round(algo, 0, 3, LOSSY_ROUNDS[0], s=S_PROBS), [2.75, 6.75])
+        close(run_round(algo, 0, 3, LOSSY_ROUNDS[0], p=S_PROBS), [2.75, 6.75])
         # round 1: model of client 1 = [2.75,6.75] + [2,2] = [4.75, 8.75]; times c1 = 0.5 -> [2.375, 4.375]
-        close(run_round(algo, 1, 3, LOSSY_ROUNDS[1], s=S_PROBS), [2.375, 4.375])
+        close(run_round(algo, 1, 3, LOSSY_ROUNDS[1], p=S_PROBS), [2.375, 4.375])
         # round 2: nobody -> Eq. 4.4 literally gives the zero model (warned), or keep w
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            close(run_round(algo, 2, 3, LOSSY_ROUNDS[2], s=S_PROBS), last)
+            close(run_round(algo, 2, 3, LOSSY_ROUNDS[2], p=S_PROBS), last)
         assert len(caught) == (1 if empty == "zero" else 0)
 
 
@@ -80,7 +81,7 @@ def _lossy_setup():
 
 def _one_draw(algo, w0, deltas, s, pattern):
     algo.params = w0.clone()
-    algo.open_round(0, RoundContext(0, 4, *(torch.ones(4, dtype=torch.bool),) * 3, success_probs=s))
+    algo.open_round(0, RoundContext(0, 4, *(torch.ones(4, dtype=torch.bool),) * 3, participation_probs=s))
     for c in np.flatnonzero(pattern).tolist():
         algo.add(c, deltas[c], ClientInfo(1, 1))
     with warnings.catch_warnings():
@@ -93,11 +94,13 @@ def test_upgapl_unbiased_and_dmapl_biased_towards_reliable_clients():
     w0 = torch.tensor([0.5, -1.0], dtype=F64)
     lossless = deltas.mean(0)  # FedAvg without losses: sum_i alpha_i delta_i = [0, 0]
     # exact expectation over all 2^4 loss patterns
-    exact = {cls: torch.zeros(2, dtype=F64) for cls in (UPGAPL, DMAPL, UDMAPL)}
+    # UDMA-PL is unbiased with the literal Eq. 4.4 (the zero model when nobody arrives), not with the default "keep"
+    rules = {UPGAPL: UPGAPL, DMAPL: DMAPL, UDMAPL: lambda: UDMAPL(empty_round="zero")}
+    exact = {cls: torch.zeros(2, dtype=F64) for cls in rules}
     for pattern in itertools.product([0, 1], repeat=4):
         prob = math.prod(float(s[i]) if b else 1 - float(s[i]) for i, b in enumerate(pattern))
         for cls in exact:
-            algo = setup(cls(), 4, w0.tolist())
+            algo = setup(rules[cls](), 4, w0.tolist())
             exact[cls] += prob * _one_draw(algo, w0, deltas, s, pattern)
     torch.testing.assert_close(exact[UPGAPL], lossless, atol=1e-12, rtol=0)
     torch.testing.assert_close(exact[UDMAPL], lossless, atol=1e-12, rtol=0)  # unbiased too (zero model if empty)
@@ -146,10 +149,25 @@ def test_bad_constructor_arguments(build, match):
 
 
 def test_bad_round_inputs():
-    # q >= 1 (success probability 0) for a known-q lossy rule
-    with pytest.raises(ValueError, match="success_probs"):
-        setup(UPGAPL(), 3, [0.0]).open_round(0, make_ctx(0, 3, [0], s=[0.5, 0.0, 1.0]))
-    with pytest.raises(ValueError, match="success_probs"):
+    # q = 1 (a client whose update is never aggregated): the rule runs on and warns once that its data is never seen
+    algo = setup(UPGAPL(), 3, [0.0])
+    with pytest.warns(RuntimeWarning, match=r"ids 1\): they are never aggregated"):
+        algo.open_round(0, make_ctx(0, 3, [0], p=[0.5, 0.0, 1.0]))
+    algo.add(0, torch.tensor([1.0], dtype=F64), ClientInfo(1, 1))
+    close(algo.close_round(), [1 / 3 / 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same clients again: no second warning
+        algo.open_round(1, make_ctx(1, 3, [], p=[0.5, 0.0, 1.0]))
+    with pytest.raises(ValueError, match="participation_probs"):
         setup(UDMAPL(), 3, [0.0]).open_round(0, make_ctx(0, 3, [0]))
     with pytest.raises(ValueError, match="num_clients"):
         setup(UPGAPL(q=[0.1, 0.2]), 3, [0.0])
+
+
+def test_udmapl_keeps_the_model_by_default_when_nobody_arrives():
+    # Slip caught: a default that wipes out training (the literal Eq. 4.4 zero model) when a round is empty.
+    algo = setup(UDMAPL(q=[0.5, 0.5]), 2, [2.0, -1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        close(run_round(algo, 0, 2, {}), [2.0, -1.0])
+    assert UDMAPL().hparams()["empty_round"] == "keep"

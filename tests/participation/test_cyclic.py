@@ -73,3 +73,38 @@ def test_cyclic_inactive_offset_first_active_round_is_fedau_codes():
 def test_bad_inputs_raise_value_error_naming_parameter(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("p", [0.3, 0.7, 0.05])
+def test_inactive_offset_marginal_is_the_share_of_starting_positions_on_in_that_round(p):
+    # Slip caught: a server dividing by the stationary p under offset="inactive", whose early rounds are not
+    # stationary (every client starts off: round 0 is on only for the first-active draw u = 0).
+    # Independent transcription of FedAU's code: the first active round u is uniform on {0, ..., inactive - 1}; then
+    # on for `active` rounds, off for `inactive`, and so on. Enumerate u and count, round by round.
+    period = 10
+    proc = Cyclic(period, p, offset="inactive")
+    proc.setup(3, seed=0)
+    active, inactive = int(proc.active[0]), int(proc.inactive[0])
+    cycle = active + inactive
+    for t in range(3 * cycle):
+        on = [(t - u) >= 0 and (t - u) % cycle < active for u in range(inactive)]
+        expected = sum(on) / inactive
+        np.testing.assert_allclose(proc.marginal_probs(t).numpy(), expected, err_msg=f"round {t}")
+    # the marginal really is what the draws do: over many seeds, the share of clients on in round t
+    many = Cyclic(period, p, offset="inactive")
+    many.setup(4000, seed=3)
+    for t in (0, 1, active, cycle - 1):
+        share = float(many.sample(t).double().mean())
+        marginal = float(many.marginal_probs(t)[0])
+        # binomial standard deviation over 4000 clients <= 0.008: 5 sd
+        assert abs(share - marginal) < 0.04, (t, share, marginal)
+    # and averaged over a cycle it is the stationary p
+    mean = np.mean([float(proc.marginal_probs(t)[0]) for t in range(cycle, 2 * cycle)])
+    assert mean == pytest.approx(float(proc.p[0]))
+
+
+def test_uniform_offset_marginal_is_the_stationary_probability():
+    proc = Cyclic(10, [0.2, 0.5])
+    proc.setup(2, seed=0)
+    for t in (0, 3, 17):
+        np.testing.assert_array_equal(proc.marginal_probs(t).numpy(), proc.p.numpy())

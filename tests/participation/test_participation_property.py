@@ -33,12 +33,23 @@ def check_process(proc, num_clients, seed, *params: str, **setup_kwargs) -> None
         return
     n = proc.num_clients
     assert n >= 1
+    masks = {}
     for t in (0, 1, 7):
         mask = proc.sample(t)
         assert mask.dtype == torch.bool and mask.shape == (n,)
+        masks[t] = mask
+    # a pure function of (seed, round): drawn again, and in another order, every round's mask is the same
+    for t in (7, 0, 1):
+        assert torch.equal(proc.sample(t), masks[t]), t
     p = proc.p
     assert p.dtype == torch.float64 and p.shape == (n,)
     assert bool(((p >= 0) & (p <= 1)).all()), p
+    for t in (0, 7):
+        marginal = proc.marginal_probs(t)
+        assert marginal.dtype == torch.float64 and marginal.shape == (n,)
+        assert bool(((marginal >= 0) & (marginal <= 1)).all()), marginal
+        # a client that is never (always) available has marginal 0 (1) in every round
+        assert not bool((masks[t] & (marginal == 0)).any()) and bool((masks[t] | (marginal < 1)).all())
 
 
 @PROPERTY

@@ -50,8 +50,13 @@ def test_lossy_channel(uplink, downlink, num_clients, seed):
     got = channel.downlink(3, everyone)
     arrived = channel.uplink(3, got)
     assert got.shape == arrived.shape == (n,) and not bool((arrived & ~got).any())
+    # a pure function of (seed, round), whatever the other clients sent
+    assert torch.equal(channel.downlink(3, everyone), got) and torch.equal(channel.uplink(3, got), arrived)
+    assert torch.equal(channel.uplink(3, everyone) & got, arrived)
     success = channel.success_probs
     assert bool(((success > 0) & (success <= 1)).all())
+    q_up, q_down = channel.loss_probs_at(0)
+    torch.testing.assert_close(success, torch.as_tensor((1 - q_down) * (1 - q_up), dtype=torch.float64))
 
 
 @PROPERTY
@@ -65,6 +70,8 @@ def test_uniform_steps(low, high, num_clients, seed):
     if steps is not None:
         assert steps.dtype == np.int64 and steps.shape == (as_count(num_clients),) and np.all(steps >= 1)
         assert np.all(np.isfinite(dist.expected(as_count(num_clients))))
+        assert np.array_equal(local_steps_for(dist, 1, num_clients, seed), steps)  # determinism in the seed
+        assert np.all((steps >= dist.low) & (steps <= dist.high))
 
 
 pairs = st.tuples(ints(1, 5), ints(5, 9))

@@ -1,0 +1,147 @@
+"""Mutation testing in chunks: one module (or a few) at a time, each with the tests that are meant to catch its
+mutants, so a chunk takes minutes on two cores. Not part of CI (too slow); see docs/testing.md.
+
+Usage (from the repository root)::
+
+    nice -n 10 env OMP_NUM_THREADS=1 WANDB_MODE=offline .venv/bin/python -m tests.mutation.run_chunk server
+    .venv/bin/python -m tests.mutation.run_chunk --list
+
+Each chunk copies the working tree (tracked and untracked, not ignored, files) into ``.mutation/<chunk>/``, writes
+a ``[tool.mutmut]`` section there that mutates only the chunk's modules and runs only the chunk's tests, runs
+``mutmut run`` (``--max-children`` from ``--cores``, default 2) and prints the score and the surviving mutants.
+The ``[tool.mutmut]`` section of ``pyproject.toml`` is the whole-package configuration the chunks narrow down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = "lightning_fedhet"
+ALG = f"{PKG}/algorithms"
+
+#: chunk -> (modules to mutate, tests that run against them)
+CHUNKS: dict[str, tuple[list[str], list[str]]] = {
+    "server": ([f"{PKG}/server.py"], ["tests/test_server_options.py", "tests/test_server.py",
+                                       "tests/test_arrival_probabilities.py", "tests/test_fedcis_buffers.py"]),
+    "federation": ([f"{PKG}/federation.py"], ["tests/test_arrival_probabilities.py", "tests/test_federation.py",
+                                               "tests/test_server_options.py"]),
+    "fedavg": ([f"{ALG}/fedavg.py", f"{ALG}/_weighted_sum.py"], ["tests/algorithms/test_fedavg.py",
+                                                                  "tests/algorithms/test_weighted_sum.py"]),
+    "upgapl": ([f"{ALG}/upgapl.py"], ["tests/algorithms/test_upgapl.py", "tests/test_arrival_probabilities.py"]),
+    "adafed": ([f"{ALG}/adafed.py"], ["tests/algorithms/test_adafed.py"]),
+    "fedstale": ([f"{ALG}/fedstale.py", f"{ALG}/fedvarp.py", f"{ALG}/mifa.py"],
+                 ["tests/algorithms/test_fedstale.py", "tests/algorithms/test_fedvarp.py",
+                  "tests/algorithms/test_mifa.py"]),
+    "fedau": ([f"{ALG}/fedau.py"], ["tests/algorithms/test_fedau.py"]),
+    "fednova": ([f"{ALG}/fednova.py"], ["tests/algorithms/test_fednova.py"]),
+    "fedacs": ([f"{ALG}/fedacs.py", f"{ALG}/_sampler.py", f"{ALG}/sampled_fedavg.py", f"{ALG}/cafedavg.py",
+                f"{ALG}/os_sampling.py", f"{ALG}/calibration.py"],
+               ["tests/algorithms/test_fedacs.py", "tests/algorithms/test_sampled_fedavg.py",
+                "tests/algorithms/test_cafedavg.py", "tests/algorithms/test_os_sampling.py",
+                "tests/algorithms/test_calibration.py"]),
+    "cafed": ([f"{ALG}/cafed.py", f"{ALG}/f3ast.py", f"{ALG}/_availability.py", f"{ALG}/availability_estimators.py"],
+              ["tests/algorithms/test_cafed.py", "tests/algorithms/test_f3ast.py",
+               "tests/algorithms/test_availability_estimators.py", "tests/algorithms/test_adafed.py"]),
+    "fedcis": ([f"{ALG}/fedcis.py"], ["tests/algorithms/test_fedcis.py", "tests/test_fedcis_buffers.py"]),
+    "base": ([f"{ALG}/base.py"], ["tests/algorithms/test_algorithm_protocol.py", "tests/algorithms/test_fedavg.py"]),
+    "participation": ([f"{PKG}/participation/*"], ["tests/participation"]),
+    "system": ([f"{PKG}/system/*"], ["tests/system", "tests/test_arrival_probabilities.py"]),
+    "engines": ([f"{PKG}/engines/base.py", f"{PKG}/engines/sequential.py", f"{PKG}/engines/vmap.py",
+                 f"{PKG}/engines/sharded.py"],
+                ["tests/engines/test_contract.py", "tests/engines/test_vmap.py", "tests/test_server_options.py"]),
+}
+
+
+def _section(modules: list[str], tests: list[str]) -> str:
+    def toml_list(items: list[str]) -> str:
+        return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+    return "\n".join([
+        "[tool.mutmut]",
+        f'source_paths = ["{PKG}/"]',
+        f"only_mutate = {toml_list(modules)}",
+        'also_copy = ["model_zoo/", "callbacks/"]',
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-W", "ignore"]',
+        # torch.compile cannot trace mutmut's trampolines: the compiled-engine tests are left out
+        f"pytest_add_cli_args_test_selection = {toml_list(tests + ['-k', 'not compile'])}",
+        'process_isolation = "forkserver"',
+        "",
+    ])
+
+
+def _copy_tree(target: Path, rev: str | None) -> None:
+    if rev is not None:  # a committed revision (e.g. to measure the score before a change)
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+        return
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            dst = target / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None) -> int:
+    modules, tests = CHUNKS[name]
+    work = ROOT / ".mutation" / (name if rev is None else f"{name}@{rev}")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    _copy_tree(work, rev)
+    missing = [t for t in tests if not (work / t).exists()]
+    if missing:
+        print(f"chunk {name}: not in this tree, left out: {', '.join(missing)}")
+    tests = [t for t in tests if t not in missing]
+    pyproject = (work / "pyproject.toml").read_text()
+    pyproject = re.sub(r"\n\[tool\.mutmut\]\n.*?(?=\n\[|\Z)", "\n", pyproject, flags=re.S)
+    (work / "pyproject.toml").write_text(pyproject.rstrip("\n") + "\n\n" + _section(modules, tests))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    subprocess.run([mutmut, "run", "--max-children", str(cores)], cwd=work, env=env, stdout=subprocess.DEVNULL)
+    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
+    lines = [line.strip() for line in out.stdout.splitlines() if ":" in line]
+    status = [line.rsplit(":", 1)[1].strip() for line in lines]
+    killed = status.count("killed")
+    survived = [line.rsplit(":", 1)[0] for line, s in zip(lines, status) if s == "survived"]
+    untested = status.count("no tests")
+    timeouts = status.count("timeout")
+    total = killed + len(survived) + untested + timeouts
+    score = (killed + timeouts) / total if total else float("nan")
+    print(f"chunk {name}: {total} mutants, killed {killed}, timeout {timeouts}, survived {len(survived)}, "
+          f"no tests {untested}; score (killed + timeout) / all = {score:.1%}")
+    for mutant in survived:
+        print(f"  survived: {mutant}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("chunks", nargs="*", help=f"one or more of {sorted(CHUNKS)}")
+    parser.add_argument("--cores", type=int, default=2, help="mutmut --max-children (default 2)")
+    parser.add_argument("--list", action="store_true", help="print the chunks and exit")
+    parser.add_argument("--rev", help="mutate this committed revision instead of the working tree (e.g. a 'before')")
+    args = parser.parse_args()
+    if args.list or not args.chunks:
+        for name, (modules, tests) in CHUNKS.items():
+            print(f"{name}: mutates {', '.join(modules)}; tests {', '.join(tests)}")
+        return 0
+    mutmut = str(Path(sys.executable).with_name("mutmut"))
+    for name in args.chunks:
+        if name not in CHUNKS:
+            parser.error(f"unknown chunk {name!r}; choose from {sorted(CHUNKS)}")
+        run_chunk(name, args.cores, mutmut, args.rev)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
