@@ -46,14 +46,21 @@ class VmapUnsupported(RuntimeError):
 
 
 class StepModule(nn.Module):
-    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs."""
+    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs.
+
+    ``forward`` returns ``(output, buffers)``: the module's buffers as ``training_step`` left them (BatchNorm's running
+    statistics and ``num_batches_tracked``, a counter the step keeps), read inside ``functional_call`` so that both an
+    in-place update and a reassignment (``self.counter = self.counter + 1``) are seen. Under ``vmap`` each is the
+    client's own row.
+    """
 
     def __init__(self, lightning_module: nn.Module) -> None:
         super().__init__()
         self.lm = lightning_module
 
     def forward(self, batch, batch_idx: int):
-        return self.lm.training_step(batch, batch_idx)
+        out = self.lm.training_step(batch, batch_idx)
+        return out, dict(self.lm.named_buffers())
 
 
 class LogCollector:
@@ -75,19 +82,31 @@ class LogCollector:
 
 
 def make_loss(step_module: StepModule, collector: LogCollector) -> Callable:
-    """``loss(params, buffers, batch, batch_idx) -> (loss, logged)`` for one client, as ``grad_and_value`` wants it."""
+    """``loss(params, buffers, batch, batch_idx) -> (loss, (logged, buffers_after))`` for one client, as
+    ``grad_and_value`` wants it. ``buffers_after`` holds the client's buffers after the step (same keys as
+    ``buffers``); the step may update ``buffers``' tensors in place, so callers pass copies they can lose."""
 
     def loss(params: dict[str, Tensor], buffers: dict[str, Tensor], batch, batch_idx: int):
         collector.take()
         state = {f"lm.{k}": v for k, v in params.items()}
         state.update({f"lm.{k}": v for k, v in buffers.items()})
-        out = functional_call(step_module, state, (batch, batch_idx))
+        out, after = functional_call(step_module, state, (batch, batch_idx))
         value = out["loss"] if isinstance(out, dict) else out
         if not isinstance(value, Tensor):
             raise VmapUnsupported("training_step must return the loss tensor (or a dict with 'loss')")
-        return value, collector.take()
+        return value, (collector.take(), {k: after[k] for k in buffers})
 
     return loss
+
+
+def _copies(buffers: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Fresh copies of the stacked buffers for a step to update in place (the originals stay for the masking)."""
+    return {k: v.clone() for k, v in buffers.items()}
+
+
+def _mask_buffers(active: Tensor, after: dict[str, Tensor], before: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each row's buffers after the step where the row is active, else as they were (exact, any dtype)."""
+    return {k: torch.where(_rows(active, v), after[k].to(v.dtype), v) for k, v in before.items()}
 
 
 @dataclass(frozen=True)
@@ -217,12 +236,13 @@ def make_fused_step(loss: Callable, rules: dict[str, UpdateRule]) -> Callable:
     """The cohort step as a pure function (compiled by :class:`CompiledSteps`).
 
     ``step(params, buffers, state, batch, batch_idx, active, scalars, loss_sum)
-    -> (params, state, loss_sum, losses, logged)``. Parameters without a rule (frozen) are passed through.
+    -> (params, state, buffers, loss_sum, losses, logged)``. Parameters without a rule (frozen) are passed through;
+    the stacked buffers ``[rows, *shape]`` come back updated in the active rows only.
     """
 
     def step(params, buffers, state, batch, batch_idx, active, scalars, loss_sum):
-        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, None, 0, None), randomness="different")
-        grads, (losses, logged) = compute(params, buffers, batch, batch_idx)
+        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, 0, 0, None), randomness="different")
+        grads, (losses, (logged, after)) = compute(params, _copies(buffers), batch, batch_idx)
         new_params, new_state = {}, {}
         for name, p in params.items():
             rule = rules.get(name)
@@ -235,17 +255,20 @@ def make_fused_step(loss: Callable, rules: dict[str, UpdateRule]) -> Callable:
             new_params[name] = torch.where(rows, updated, p)
             new_state[name] = tuple(torch.where(rows, m, old) for m, old in zip(moved, state[name]))
         loss_sum = loss_sum + torch.where(active, losses.detach().to(loss_sum.dtype), 0)
-        return new_params, new_state, loss_sum, losses.detach(), logged
+        new_buffers = _mask_buffers(active, after, buffers)
+        return new_params, new_state, new_buffers, loss_sum, losses.detach(), logged
 
     return step
 
 
 def make_grad_step(loss: Callable) -> Callable:
-    """``grads, (losses, logged) = step(params, buffers, batch, batch_idx)``: the vmapped gradient alone."""
+    """``grads, (losses, logged), buffers = step(params, buffers, batch, batch_idx, active)``: the vmapped gradient
+    alone, and the stacked buffers updated in the ``active`` rows."""
 
-    def step(params, buffers, batch, batch_idx):
-        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, None, 0, None), randomness="different")
-        return compute(params, buffers, batch, batch_idx)
+    def step(params, buffers, batch, batch_idx, active):
+        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, 0, 0, None), randomness="different")
+        grads, (losses, (logged, after)) = compute(params, _copies(buffers), batch, batch_idx)
+        return grads, (losses, logged), _mask_buffers(active, after, buffers)
 
     return step
 

@@ -128,8 +128,10 @@ class Engine:
         raise NotImplementedError
 
     def close_round(self, complete: bool = True) -> None:
-        """Close the server's round and load the new global model into the module."""
+        """Close the server's round and load the new global model (integer buffers included) into the module."""
         self.flat.set(self.server.close_round(complete))
+        if self.server.global_ints.numel():
+            self.flat.set_ints(self.server.global_ints)
 
     def finish_partial_round(self) -> None:
         """The epoch ended (``max_steps``, ``limit_train_batches``, ...) before every client finished: close the
