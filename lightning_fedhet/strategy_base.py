@@ -140,6 +140,31 @@ class FederatedStrategyMixin:
         """The current global model as a flat vector ``[d]`` (parameters, then floating buffers); None before fit."""
         return None if self.server is None else self.server.global_vector
 
+    def build_server(
+        self, module: pl.LightningModule, dataloader: object, datamodule: object
+    ) -> tuple[Server, FlatModel]:
+        """The run's :class:`Server` (global model = ``module``'s current state, this strategy's federation and seed)
+        and ``module``'s flat view, from Lightning's train ``dataloader`` and the ``datamodule`` (or None)."""
+        return build_server(
+            module,
+            dataloader,
+            datamodule,
+            algorithm=self.algorithm,
+            participation=self.participation,
+            local_steps=self.local_steps,
+            selection=self.selection,
+            channel=self.channel,
+            latency=self.latency,
+            deadline=self.deadline,
+            num_clients=self.num_clients,
+            partitioner=self.partitioner,
+            seed=self.seed,
+            client_weights=self.client_weights,
+            optimizer_state=self.optimizer_state_mode,
+            max_update_norm=self.max_update_norm,
+            update_norm_action=self.update_norm_action,
+        )
+
     # ------------------------------------------------------------------ Lightning plumbing
     def setup(self, trainer: pl.Trainer) -> None:
         if trainer.accumulate_grad_batches != 1:
@@ -182,25 +207,7 @@ class FederatedStrategyMixin:
         if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
         if self.server is None or self._pending_state is not None:
-            self.server, self.flat = build_server(
-                self.lightning_module,
-                dataloader,
-                trainer.datamodule,
-                algorithm=self.algorithm,
-                participation=self.participation,
-                local_steps=self.local_steps,
-                selection=self.selection,
-                channel=self.channel,
-                latency=self.latency,
-                deadline=self.deadline,
-                num_clients=self.num_clients,
-                partitioner=self.partitioner,
-                seed=self.seed,
-                client_weights=self.client_weights,
-                optimizer_state=self.optimizer_state_mode,
-                max_update_norm=self.max_update_norm,
-                update_norm_action=self.update_norm_action,
-            )
+            self.server, self.flat = self.build_server(self.lightning_module, dataloader, trainer.datamodule)
             if self._pending_state is not None:
                 self.server.load_state_dict(self._pending_state)
                 self._pending_state = None

@@ -646,15 +646,12 @@ def submit_groups(members: Sequence[tuple[Server, RoundPlan]], groups: Sequence[
             )
 
 
-def log_means(logged: dict[str, list[Tensor]], log: Callable[..., None]) -> None:
-    """Log each ``self.log`` name's mean over the clients' steps (the per-step values of active rows)."""
-    for name, chunks in logged.items():
-        log(name, torch.cat(chunks).mean(), on_step=False, on_epoch=True, batch_size=1)
-
-
-def run_lock_steps(groups: Sequence[CohortGroup], batch: CohortRound, first_step: int, apply_config) -> dict:
-    """Every local step of a round's groups; returns ``{name: [values of active rows per step]}`` of ``self.log``."""
-    logs: dict[str, list[Tensor]] = {}
+def run_lock_steps(
+    groups: Sequence[CohortGroup], batch: CohortRound, first_step: int, apply_config: Callable[[dict], None]
+) -> dict[str, list[tuple[Tensor, np.ndarray]]]:
+    """Every local step of a round's groups. Returns what ``self.log`` recorded: for each name, one
+    ``(values, owners)`` pair per group and step, the values of the rows that took the step and their federations."""
+    logs: dict[str, list[tuple[Tensor, np.ndarray]]] = {}
     for k in range(len(batch)):
         step = first_step + k
         for group, group_batch in zip(groups, batch.lock_step(k)):
@@ -662,7 +659,7 @@ def run_lock_steps(groups: Sequence[CohortGroup], batch: CohortRound, first_step
             _, logged = group.cohort.step(group_batch, step)
             active = group.cohort.local_steps > step
             for name, values in logged.items():
-                logs.setdefault(name, []).append(values[active])
+                logs.setdefault(name, []).append((values[active.to(values.device)], group.owners[active.numpy()]))
     return logs
 
 
@@ -728,7 +725,9 @@ class VmapEngine(Engine):
     def training_step(self, default_step, batch: CohortRound, batch_idx: int) -> None:
         logs = run_lock_steps(self.groups, batch, self.step, self.apply_config)
         self.step += len(batch)
-        log_means(logs, self.module.log)
+        for name, chunks in logs.items():  # the mean over every client's steps
+            value = torch.cat([values for values, _ in chunks]).mean()
+            self.module.log(name, value, on_step=False, on_epoch=True, batch_size=1)
         # The cohort stepped its own stacked copies; Lightning's optimizer has nothing to do.
         return None
 
