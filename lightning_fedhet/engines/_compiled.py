@@ -23,6 +23,7 @@ Optimizers or options outside these two (RMSprop, Adagrad, ``amsgrad``) compile 
 
 from __future__ import annotations
 
+import re
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch._dynamo.utils import guard_failures
 from torch.func import functional_call, grad_and_value, vmap
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -283,10 +285,15 @@ def _own_code(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+#: recompilations for new values of one guarded Python value after which the compiled step is given up
+RECOMPILE_GUARD_LIMIT = 3
+
+
 class CompiledEntry:
     """One module's compiled steps for one optimizer configuration and compile mode.
 
-    ``failed`` holds the cause once compiling failed, so that later rounds do not try (and warn) again.
+    ``failed`` holds the cause once compiling failed (or kept recompiling, see :meth:`recompile_cause`), so that
+    later rounds do not try (and warn) again.
     """
 
     def __init__(self, module: nn.Module, rules: dict[str, UpdateRule] | None, mode: str) -> None:
@@ -296,8 +303,49 @@ class CompiledEntry:
         self.mode = mode
         self.failed: str | None = None
         loss = make_loss(self.step_module, self.collector)
-        fn = make_fused_step(loss, rules) if rules is not None else make_grad_step(loss)
-        self.fn = torch.compile(_own_code(fn), mode=None if mode == "default" else mode, fullgraph=True)
+        fn = _own_code(make_fused_step(loss, rules) if rules is not None else make_grad_step(loss))
+        self.code = fn.__code__
+        self.fn = torch.compile(fn, mode=None if mode == "default" else mode, fullgraph=True)
+        self._seen_failures = 0
+        self._recompiles: dict[str, int] = {}
+
+    def recompile_cause(self) -> str | None:
+        """Why the step keeps recompiling, once one guarded Python value has forced :data:`RECOMPILE_GUARD_LIMIT`
+        recompilations (e.g. ``training_step`` assigns ``self.counter``, which the compiler treats as a constant);
+        ``None`` otherwise. Call after each call of :attr:`fn`.
+
+        Dynamo records why each cached graph did not fit a call (``torch._dynamo.utils.guard_failures``, keyed by
+        this entry's own code object); a recompilation's first reason is the newest graph's failed guard. Shape
+        changes (a new cohort-size bucket) are bounded and never counted.
+        """
+        failures = guard_failures.get(self.code, ())
+        if len(failures) == self._seen_failures:
+            return None
+        newest = str(failures[self._seen_failures])
+        self._seen_failures = len(failures)
+        guard = newest.split(":", 1)[-1].split("#", 1)[0].strip()
+        if "mismatch" in guard:  # size / stride / dtype of a tensor: one graph per bucket, bounded
+            return None
+        key = re.sub(r"\d+", "#", guard)
+        self._recompiles[key] = self._recompiles.get(key, 0) + 1
+        if self._recompiles[key] < RECOMPILE_GUARD_LIMIT:
+            return None
+        return describe_guard(newest, self._recompiles[key])
+
+
+def describe_guard(reason: str, count: int) -> str:
+    """A user-facing cause from a Dynamo guard-failure reason, e.g. ``"training_step changes self.counter (self.counter
+    += 1): a Python value the compiler takes as a constant, so each new value recompiled the step (3 times)"``."""
+    guard = reason.split(":", 1)[-1].split("#", 1)[0].strip()
+    path = re.search(r"\['lm'\]((?:\._modules\['\w+'\]|\.\w+)+)", guard)
+    name = "self" + re.sub(r"\._modules\['(\w+)'\]", r".\1", path.group(1)) if path else guard
+    name = re.sub(r"\.(_modules|_parameters|_buffers)$", "", name)
+    source = re.search(r"#\s*(.+?)\s*#\s*\S+ in (\w+)", reason)
+    where = f"{source.group(2)} changes {name} ({source.group(1)})" if source else f"the step depends on {guard}"
+    return (
+        f"{where}: a Python value that torch.compile takes as a constant, so each new value recompiled the step "
+        f"({count} times); keep such state in a tensor (register_buffer) to stay compiled"
+    )
 
 
 _entries: OrderedDict[tuple, CompiledEntry] = OrderedDict()

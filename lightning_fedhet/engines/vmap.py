@@ -147,8 +147,10 @@ class VmapCohort:
             graphs cannot have a dynamic cohort size, so a compiled cohort is padded to a bucket size (a multiple
             of 8 up to 64, then of 1/8 of the power of two below ``C``) with inactive rows: one compilation per
             bucket, not per size. If ``torch.compile`` fails for this model, the step runs uncompiled and one
-            ``RuntimeWarning`` names the cause. Dropout draws differ from the uncompiled path (inductor has its
-            own random-number generator).
+            ``RuntimeWarning`` names the cause; so it does when one Python value the step reads keeps changing (a
+            ``training_step`` that assigns ``self.counter``) and has forced ``RECOMPILE_GUARD_LIMIT`` (3)
+            recompilations. Dropout draws differ from the uncompiled path (inductor has its own random-number
+            generator).
 
     Buffers (BatchNorm's running statistics and ``num_batches_tracked``, any counter ``training_step`` keeps) are
     stacked per client like the parameters: each client's forward pass updates its own row, and a client whose
@@ -219,10 +221,18 @@ class VmapCohort:
                 self._leave_fused()
         elif self.mode is not None:
             self._grad_entry = compiled_entry(module, None, self.mode)
+        #: the compiled steps this cohort uses (``None`` uncompiled); ``compiled_entry.failed`` says why it stopped
+        self.compiled_entry = self._fused if self._fused is not None else self._grad_entry
         if self._fused is None:
             self.optimizer = self._stacked_optimizer()
         self._collector = LogCollector()
         self._eager_grad = make_grad_step(make_loss(StepModule(module), self._collector))
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the next step runs compiled."""
+        entry = self.compiled_entry
+        return entry is not None and entry.failed is None
 
     def _stacked_optimizer(self) -> torch.optim.Optimizer:
         groups = []
@@ -271,6 +281,8 @@ class VmapCohort:
                 self.params, self._state, self.buffers, self._loss_sum, losses, logged = out
                 self._steps_taken = step + 1
                 size = len(self.clients)
+                if _gave_up_recompiling(self._fused):  # this step's result stands; the next ones run eagerly
+                    self._leave_fused()
                 return losses[:size], {k: v[:size] for k, v in logged.items()}
         return self._eager_step(batch, step, active)
 
@@ -288,6 +300,7 @@ class VmapCohort:
                 padded = {k: _pad_rows(v, rows) for k, v in self._detached().items()}
                 with _logging_to(self.module, self._grad_entry.collector), _recompile_budget():
                     out = self._grad_entry.fn(padded, self.buffers, _pad_batch(batch, rows), step, active)
+                _gave_up_recompiling(self._grad_entry)  # later steps take the eager gradient
                 if graphs:
                     out = _clone_tree(out)
                 grads, (losses, values), buffers = out
@@ -484,6 +497,21 @@ def _logging_to(module: nn.Module, collector: LogCollector):
         yield
     finally:
         module.log = original
+
+
+def _gave_up_recompiling(entry: CompiledEntry) -> bool:
+    """Whether ``entry``'s last call showed it recompiling for every new value of a Python attribute; if so, mark it
+    failed (no later round compiles it again) and warn once, naming the cause."""
+    cause = entry.recompile_cause()
+    if cause is None or entry.failed is not None:
+        return False
+    entry.failed = cause
+    warnings.warn(
+        f"torch.compile kept recompiling the vmap cohort step: {cause}. Running it uncompiled from here",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return True
 
 
 def _warn_compile_failed(entry: CompiledEntry, err: Exception) -> None:
