@@ -23,6 +23,7 @@ Optimizers or options outside these two (RMSprop, Adagrad, ``amsgrad``) compile 
 
 from __future__ import annotations
 
+import itertools
 import re
 import types
 from collections import OrderedDict
@@ -280,9 +281,16 @@ def _own_code(fn: Callable) -> Callable:
 
     Dynamo keeps compiled graphs per code object and stops compiling a code object after
     ``torch._dynamo.config.recompile_limit`` variants (silently running it eagerly). Every module and optimizer
-    configuration gets its own copy of the step function, so one model's shapes never use up another's budget.
+    configuration gets its own copy of the step function, so one model's shapes never use up another's budget. The
+    copy is renamed (``step_1``, ``step_2``, ...): code objects compare equal by content, and Dynamo's record of
+    recompilation reasons (``guard_failures``) is a dict keyed by code, so each entry's reasons stay its own.
     """
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    name = f"{fn.__name__}_{next(_code_numbers)}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+_code_numbers = itertools.count(1)
 
 
 #: recompilations for new values of one guarded Python value after which the compiled step is given up
