@@ -54,7 +54,7 @@ ROUNDS = 4
 NUM_CLIENTS = 6
 
 #: engine name -> extra FedHetStrategy arguments; every entry must pass every case
-ENGINE_VARIANTS: dict[str, dict] = {"vmap": dict(engine="vmap")}
+ENGINE_VARIANTS: dict[str, dict] = {"vmap": dict(engine="vmap"), "auto": dict(engine="auto")}
 
 _hetero = dict(
     participation=lambda: Bernoulli(0.7),
