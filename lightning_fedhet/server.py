@@ -205,11 +205,14 @@ class Server:
         """
         return self._take(client, delta, loss, optimizer_state, int_delta, finite=None)
 
-    def submit_cohort(self, clients: Sequence[int], deltas: Tensor, losses: Sequence[float]) -> list[bool]:
-        """Several trained clients' updates at once: row ``k`` of ``deltas`` (``[C, d]``) is client ``clients[k]``'s.
+    def submit_cohort(
+        self, clients: Sequence[int], deltas: Tensor, losses: Sequence[float], int_deltas: Tensor | None = None
+    ) -> list[bool]:
+        """Several trained clients' updates at once: row ``k`` of ``deltas`` (``[C, d]``) is client ``clients[k]``'s,
+        row ``k`` of ``int_deltas`` (int64 ``[C, m]``, optional) the change of its integer buffers.
 
-        The same as :meth:`submit` for each row in order (no optimizer state, no integer buffers), with one
-        finiteness check and one host sync for the whole cohort. Returns whether each update was aggregated.
+        The same as :meth:`submit` for each row in order (no optimizer state), with one finiteness check and one
+        host sync for the whole cohort. Returns whether each update was aggregated.
         """
         if deltas.dim() != 2 or deltas.shape[0] != len(clients) or len(losses) != len(clients):
             raise ValueError(
@@ -218,9 +221,10 @@ class Server:
             )
         self._check_open()
         finite = rows_finite(deltas).tolist()
+        ints = [None] * len(clients) if int_deltas is None else int_deltas
         return [
-            self._take(client, delta, loss, None, None, finite=ok)
-            for client, delta, loss, ok in zip(clients, deltas, losses, finite)
+            self._take(client, delta, loss, None, int_delta, finite=ok)
+            for client, delta, loss, int_delta, ok in zip(clients, deltas, losses, ints, finite)
         ]
 
     def _take(

@@ -40,11 +40,15 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         deadline: optional per-round deadline in simulated seconds; updates arriving later are dropped.
         num_clients: number of clients when the datamodule is a plain LightningDataModule.
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
-        engine: ``"sequential"`` (one client at a time through Lightning's loop, any module) or ``"vmap"`` (the
-            round's cohort in lock-step with ``torch.func``, one Lightning step per round).
-        compile: ``engine="vmap"`` only: ``True`` compiles the cohort step with ``torch.compile``,
+        engine: ``"sequential"`` (one client at a time through Lightning's loop, any module), ``"vmap"`` (the
+            round's cohort in lock-step with ``torch.func``, one Lightning step per round) or ``"auto"`` (vmap,
+            compiled where it pays, when the run passes vmap's checks and vmap pays on the device; sequential
+            otherwise; it says once which it picked and why, and ``strategy.engine_choice`` keeps it; see
+            :mod:`lightning_fedhet.engines.auto`).
+        compile: ``engine="vmap"`` or ``"auto"``: ``True`` compiles the cohort step with ``torch.compile``,
             ``"reduce-overhead"`` adds CUDA graphs on a GPU; a model that cannot be compiled falls back to the
-            eager cohort with one warning (see docs/performance.md for when it pays).
+            eager cohort with one warning (see docs/performance.md for when it pays). ``None`` (default): not
+            compiled, except where ``engine="auto"`` finds that compiling pays.
         seed: seed of every random draw (participation, selection, channel, data order); ``None`` takes
             Lightning's global seed (``seed_everything``), else 0.
         optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
@@ -82,7 +86,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         num_clients: int | None = None,
         partitioner: Any = None,
         engine: str = "sequential",
-        compile: bool | str = False,
+        compile: bool | str | None = None,
         seed: int | None = None,
         optimizer_state: str = "reset",
         client_weights: str = "uniform",

@@ -22,6 +22,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_fedhet._checks import check_choice
 from lightning_fedhet._third_party import quiet_third_party_notices
@@ -30,6 +31,7 @@ from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.assembly import build_server, check_arguments
 from lightning_fedhet.callbacks.round_metrics import RoundMetrics
 from lightning_fedhet.config_summary import federated_config
+from lightning_fedhet.engines.auto import EngineChoice, choose_engine, trial_batch, vmap_trial
 from lightning_fedhet.engines.base import Engine, EngineBatch
 from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.vmap import VmapEngine
@@ -75,10 +77,12 @@ class FederatedStrategyMixin:
         update_norm_action: str,
     ) -> None:
         """Validate and keep the federation's arguments (shared by the strategies' ``__init__``)."""
-        check_choice(engine, "engine", tuple(ENGINES))
+        check_choice(engine, "engine", (*ENGINES, "auto"))
         check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
-        if optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
+        if engine != "auto" and optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
             raise ValueError(f"optimizer_state='persist' is not supported by engine={engine!r}; use 'sequential'")
+        if compile is None and engine != "auto":
+            compile = False  # None lets engine='auto' decide; an explicit engine compiles only when asked
         check_arguments(
             local_steps=local_steps,
             num_clients=num_clients,
@@ -113,7 +117,13 @@ class FederatedStrategyMixin:
         self._epoch_steps = 0  # Lightning steps in the current epoch (round)
         self._warned_unreached_validation = False
         self.compile = compile
-        self._engine: Engine = ENGINES[engine](compile=compile)
+        if engine == "auto":
+            VmapEngine(compile=False if compile is None else compile)  # validates compile now, before any work
+        #: what engine='auto' picked and why (None for an explicit engine, or before the fit's setup)
+        self.engine_choice: EngineChoice | None = None
+        self._pending_choice: EngineChoice | None = None
+        # engine='auto' decides at setup; until then the sequential engine stands in
+        self._engine: Engine = SequentialEngine() if engine == "auto" else ENGINES[engine](compile=compile)
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ public state
@@ -143,6 +153,31 @@ class FederatedStrategyMixin:
         """The current global model as a flat vector ``[d]`` (parameters, then floating buffers); None before fit."""
         return None if self.server is None else self.server.global_vector
 
+    def build_server(
+        self, module: pl.LightningModule, dataloader: object, datamodule: object
+    ) -> tuple[Server, FlatModel]:
+        """The run's :class:`Server` (global model = ``module``'s current state, this strategy's federation and seed)
+        and ``module``'s flat view, from Lightning's train ``dataloader`` and the ``datamodule`` (or None)."""
+        return build_server(
+            module,
+            dataloader,
+            datamodule,
+            algorithm=self.algorithm,
+            participation=self.participation,
+            local_steps=self.local_steps,
+            selection=self.selection,
+            channel=self.channel,
+            latency=self.latency,
+            deadline=self.deadline,
+            num_clients=self.num_clients,
+            partitioner=self.partitioner,
+            seed=self.seed,
+            client_weights=self.client_weights,
+            optimizer_state=self.optimizer_state_mode,
+            max_update_norm=self.max_update_norm,
+            update_norm_action=self.update_norm_action,
+        )
+
     # ------------------------------------------------------------------ Lightning plumbing
     def setup(self, trainer: pl.Trainer) -> None:
         if trainer.accumulate_grad_batches != 1:
@@ -159,6 +194,9 @@ class FederatedStrategyMixin:
                 "model) or use check_val_every_n_epoch"
             )
         interval = _interval_inside_epoch(trainer)
+        super().setup(trainer)
+        if self.engine == "auto":
+            self._choose_engine(trainer, interval)
         if self._engine.one_step_per_round and interval is not None and interval > 1:
             # an epoch is one step here: the interval would never be reached
             raise ValueError(
@@ -167,7 +205,6 @@ class FederatedStrategyMixin:
                 f"add check_val_every_n_epoch=None to validate every {interval} rounds, or pass "
                 f"check_val_every_n_epoch={interval} instead"
             )
-        super().setup(trainer)
         # Lightning dispatches the transfer hooks (about 40 us a batch on a CPU) even when nobody overrides them;
         # every local step pays it, so the default behaviour is run directly when neither the module nor the
         # datamodule overrides a hook.
@@ -185,32 +222,51 @@ class FederatedStrategyMixin:
         if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
         if self.server is None or self._pending_state is not None:
-            self.server, self.flat = build_server(
-                self.lightning_module,
-                dataloader,
-                trainer.datamodule,
-                algorithm=self.algorithm,
-                participation=self.participation,
-                local_steps=self.local_steps,
-                selection=self.selection,
-                channel=self.channel,
-                latency=self.latency,
-                deadline=self.deadline,
-                num_clients=self.num_clients,
-                partitioner=self.partitioner,
-                seed=self.seed,
-                client_weights=self.client_weights,
-                optimizer_state=self.optimizer_state_mode,
-                max_update_norm=self.max_update_norm,
-                update_norm_action=self.update_norm_action,
-            )
+            self.server, self.flat = self.build_server(self.lightning_module, dataloader, trainer.datamodule)
             if self._pending_state is not None:
                 self.server.load_state_dict(self._pending_state)
                 self._pending_state = None
+        if self.engine == "auto" and self.engine_choice is None:
+            self._try_vmap()
         self.algorithm.check_client_solver(self.optimizers[0], self.optimizer_state_mode)
         self._engine.check_lr_schedulers([config.interval for config in self.lr_scheduler_configs])
         self._engine.setup(self.lightning_module, self.optimizers, self.server, self.flat, self.batch_to_device)
         return _RoundLoader(self._engine)
+
+    def _choose_engine(self, trainer: pl.Trainer, interval: int | None) -> None:
+        """``engine="auto"``, step 1 (:mod:`lightning_fedhet.engines.auto`): the static checks; a vmap choice is
+        confirmed by :meth:`_try_vmap` when the data is there."""
+        choice = choose_engine(
+            self.lightning_module,
+            self.optimizers,
+            [config.interval for config in self.lr_scheduler_configs],
+            sends_client_config=self.algorithm.sends_client_config,
+            optimizer_state=self.optimizer_state_mode,
+            val_interval_inside_epoch=interval,
+            device=self.root_device,
+            rounds=trainer.max_epochs,
+            compile=self.compile,
+        )
+        self._engine = ENGINES[choice.name](compile=choice.compile)
+        self.engine_choice = None
+        self._pending_choice = choice
+        if choice.name == "sequential":
+            self._announce(choice)
+
+    def _try_vmap(self) -> None:
+        """``engine="auto"``, step 2: one vmapped gradient on real data, or the sequential engine with the cause."""
+        choice = self._pending_choice
+        if choice.name == "vmap":
+            batch = trial_batch(self.server.streams, self.server.planner.has_data)
+            cause = None if batch is None else vmap_trial(self.lightning_module, batch, self.batch_to_device)
+            if cause is not None:
+                choice = EngineChoice("sequential", False, cause)
+                self._engine = ENGINES["sequential"]()
+            self._announce(choice)
+
+    def _announce(self, choice: EngineChoice) -> None:
+        self.engine_choice = choice
+        rank_zero_info(choice.describe())
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         if isinstance(batch, EngineBatch):  # the engine moves each piece when it uses it

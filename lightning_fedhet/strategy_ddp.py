@@ -105,6 +105,10 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             timeout=timeout,
             start_method=start_method,
         )
+        if engine == "auto":
+            raise ValueError(
+                "FedHetDDPStrategy takes engine='sequential' or 'vmap' (engine='auto' is FedHetStrategy's, one process)"
+            )
         if placement is not None and placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS} or None, got {placement!r}")
         if placement == "balanced" and optimizer_state == "persist":
@@ -137,7 +141,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             )
         self.placement = placement
         self.comm = ProcessGroupComm()
-        self._engine: ShardedEngine = SHARDED_ENGINES[engine](self.comm, compile=compile)
+        self._engine: ShardedEngine = SHARDED_ENGINES[engine](self.comm, compile=self.compile)
         self._shared_seed: int | None = None
 
     # ------------------------------------------------------------------ public state

@@ -23,6 +23,8 @@ Optimizers or options outside these two (RMSprop, Adagrad, ``amsgrad``) compile 
 
 from __future__ import annotations
 
+import itertools
+import re
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch._dynamo.utils import guard_failures
 from torch.func import functional_call, grad_and_value, vmap
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -46,14 +49,21 @@ class VmapUnsupported(RuntimeError):
 
 
 class StepModule(nn.Module):
-    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs."""
+    """Makes ``lightning_module.training_step`` the ``forward`` that ``functional_call`` runs.
+
+    ``forward`` returns ``(output, buffers)``: the module's buffers as ``training_step`` left them (BatchNorm's running
+    statistics and ``num_batches_tracked``, a counter the step keeps), read inside ``functional_call`` so that both an
+    in-place update and a reassignment (``self.counter = self.counter + 1``) are seen. Under ``vmap`` each is the
+    client's own row.
+    """
 
     def __init__(self, lightning_module: nn.Module) -> None:
         super().__init__()
         self.lm = lightning_module
 
     def forward(self, batch, batch_idx: int):
-        return self.lm.training_step(batch, batch_idx)
+        out = self.lm.training_step(batch, batch_idx)
+        return out, dict(self.lm.named_buffers())
 
 
 class LogCollector:
@@ -75,19 +85,31 @@ class LogCollector:
 
 
 def make_loss(step_module: StepModule, collector: LogCollector) -> Callable:
-    """``loss(params, buffers, batch, batch_idx) -> (loss, logged)`` for one client, as ``grad_and_value`` wants it."""
+    """``loss(params, buffers, batch, batch_idx) -> (loss, (logged, buffers_after))`` for one client, as
+    ``grad_and_value`` wants it. ``buffers_after`` holds the client's buffers after the step (same keys as
+    ``buffers``); the step may update ``buffers``' tensors in place, so callers pass copies they can lose."""
 
     def loss(params: dict[str, Tensor], buffers: dict[str, Tensor], batch, batch_idx: int):
         collector.take()
         state = {f"lm.{k}": v for k, v in params.items()}
         state.update({f"lm.{k}": v for k, v in buffers.items()})
-        out = functional_call(step_module, state, (batch, batch_idx))
+        out, after = functional_call(step_module, state, (batch, batch_idx))
         value = out["loss"] if isinstance(out, dict) else out
         if not isinstance(value, Tensor):
             raise VmapUnsupported("training_step must return the loss tensor (or a dict with 'loss')")
-        return value, collector.take()
+        return value, (collector.take(), {k: after[k] for k in buffers})
 
     return loss
+
+
+def _copies(buffers: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Fresh copies of the stacked buffers for a step to update in place (the originals stay for the masking)."""
+    return {k: v.clone() for k, v in buffers.items()}
+
+
+def _mask_buffers(active: Tensor, after: dict[str, Tensor], before: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each row's buffers after the step where the row is active, else as they were (exact, any dtype)."""
+    return {k: torch.where(_rows(active, v), after[k].to(v.dtype), v) for k, v in before.items()}
 
 
 @dataclass(frozen=True)
@@ -217,12 +239,13 @@ def make_fused_step(loss: Callable, rules: dict[str, UpdateRule]) -> Callable:
     """The cohort step as a pure function (compiled by :class:`CompiledSteps`).
 
     ``step(params, buffers, state, batch, batch_idx, active, scalars, loss_sum)
-    -> (params, state, loss_sum, losses, logged)``. Parameters without a rule (frozen) are passed through.
+    -> (params, state, buffers, loss_sum, losses, logged)``. Parameters without a rule (frozen) are passed through;
+    the stacked buffers ``[rows, *shape]`` come back updated in the active rows only.
     """
 
     def step(params, buffers, state, batch, batch_idx, active, scalars, loss_sum):
-        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, None, 0, None), randomness="different")
-        grads, (losses, logged) = compute(params, buffers, batch, batch_idx)
+        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, 0, 0, None), randomness="different")
+        grads, (losses, (logged, after)) = compute(params, _copies(buffers), batch, batch_idx)
         new_params, new_state = {}, {}
         for name, p in params.items():
             rule = rules.get(name)
@@ -235,17 +258,20 @@ def make_fused_step(loss: Callable, rules: dict[str, UpdateRule]) -> Callable:
             new_params[name] = torch.where(rows, updated, p)
             new_state[name] = tuple(torch.where(rows, m, old) for m, old in zip(moved, state[name]))
         loss_sum = loss_sum + torch.where(active, losses.detach().to(loss_sum.dtype), 0)
-        return new_params, new_state, loss_sum, losses.detach(), logged
+        new_buffers = _mask_buffers(active, after, buffers)
+        return new_params, new_state, new_buffers, loss_sum, losses.detach(), logged
 
     return step
 
 
 def make_grad_step(loss: Callable) -> Callable:
-    """``grads, (losses, logged) = step(params, buffers, batch, batch_idx)``: the vmapped gradient alone."""
+    """``grads, (losses, logged), buffers = step(params, buffers, batch, batch_idx, active)``: the vmapped gradient
+    alone, and the stacked buffers updated in the ``active`` rows."""
 
-    def step(params, buffers, batch, batch_idx):
-        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, None, 0, None), randomness="different")
-        return compute(params, buffers, batch, batch_idx)
+    def step(params, buffers, batch, batch_idx, active):
+        compute = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, 0, 0, None), randomness="different")
+        grads, (losses, (logged, after)) = compute(params, _copies(buffers), batch, batch_idx)
+        return grads, (losses, logged), _mask_buffers(active, after, buffers)
 
     return step
 
@@ -255,15 +281,27 @@ def _own_code(fn: Callable) -> Callable:
 
     Dynamo keeps compiled graphs per code object and stops compiling a code object after
     ``torch._dynamo.config.recompile_limit`` variants (silently running it eagerly). Every module and optimizer
-    configuration gets its own copy of the step function, so one model's shapes never use up another's budget.
+    configuration gets its own copy of the step function, so one model's shapes never use up another's budget. The
+    copy is renamed (``step_1``, ``step_2``, ...): code objects compare equal by content, and Dynamo's record of
+    recompilation reasons (``guard_failures``) is a dict keyed by code, so each entry's reasons stay its own.
     """
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    name = f"{fn.__name__}_{next(_code_numbers)}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+_code_numbers = itertools.count(1)
+
+
+#: recompilations for new values of one guarded Python value after which the compiled step is given up
+RECOMPILE_GUARD_LIMIT = 3
 
 
 class CompiledEntry:
     """One module's compiled steps for one optimizer configuration and compile mode.
 
-    ``failed`` holds the cause once compiling failed, so that later rounds do not try (and warn) again.
+    ``failed`` holds the cause once compiling failed (or kept recompiling, see :meth:`recompile_cause`), so that
+    later rounds do not try (and warn) again.
     """
 
     def __init__(self, module: nn.Module, rules: dict[str, UpdateRule] | None, mode: str) -> None:
@@ -273,8 +311,49 @@ class CompiledEntry:
         self.mode = mode
         self.failed: str | None = None
         loss = make_loss(self.step_module, self.collector)
-        fn = make_fused_step(loss, rules) if rules is not None else make_grad_step(loss)
-        self.fn = torch.compile(_own_code(fn), mode=None if mode == "default" else mode, fullgraph=True)
+        fn = _own_code(make_fused_step(loss, rules) if rules is not None else make_grad_step(loss))
+        self.code = fn.__code__
+        self.fn = torch.compile(fn, mode=None if mode == "default" else mode, fullgraph=True)
+        self._seen_failures = 0
+        self._recompiles: dict[str, int] = {}
+
+    def recompile_cause(self) -> str | None:
+        """Why the step keeps recompiling, once one guarded Python value has forced :data:`RECOMPILE_GUARD_LIMIT`
+        recompilations (e.g. ``training_step`` assigns ``self.counter``, which the compiler treats as a constant);
+        ``None`` otherwise. Call after each call of :attr:`fn`.
+
+        Dynamo records why each cached graph did not fit a call (``torch._dynamo.utils.guard_failures``, keyed by
+        this entry's own code object); a recompilation's first reason is the newest graph's failed guard. Shape
+        changes (a new cohort-size bucket) are bounded and never counted.
+        """
+        failures = guard_failures.get(self.code, ())
+        if len(failures) == self._seen_failures:
+            return None
+        newest = str(failures[self._seen_failures])
+        self._seen_failures = len(failures)
+        guard = newest.split(":", 1)[-1].split("#", 1)[0].strip()
+        if "mismatch" in guard:  # size / stride / dtype of a tensor: one graph per bucket, bounded
+            return None
+        key = re.sub(r"\d+", "#", guard)
+        self._recompiles[key] = self._recompiles.get(key, 0) + 1
+        if self._recompiles[key] < RECOMPILE_GUARD_LIMIT:
+            return None
+        return describe_guard(newest, self._recompiles[key])
+
+
+def describe_guard(reason: str, count: int) -> str:
+    """A user-facing cause from a Dynamo guard-failure reason, e.g. ``"training_step changes self.counter (self.counter
+    += 1): a Python value the compiler takes as a constant, so each new value recompiled the step (3 times)"``."""
+    guard = reason.split(":", 1)[-1].split("#", 1)[0].strip()
+    path = re.search(r"\['lm'\]((?:\._modules\['\w+'\]|\.\w+)+)", guard)
+    name = "self" + re.sub(r"\._modules\['(\w+)'\]", r".\1", path.group(1)) if path else guard
+    name = re.sub(r"\.(_modules|_parameters|_buffers)$", "", name)
+    source = re.search(r"#\s*(.+?)\s*#\s*\S+ in (\w+)", reason)
+    where = f"{source.group(2)} changes {name} ({source.group(1)})" if source else f"the step depends on {guard}"
+    return (
+        f"{where}: a Python value that torch.compile takes as a constant, so each new value recompiled the step "
+        f"({count} times); keep such state in a tensor (register_buffer) to stay compiled"
+    )
 
 
 _entries: OrderedDict[tuple, CompiledEntry] = OrderedDict()

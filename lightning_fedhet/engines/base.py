@@ -128,8 +128,10 @@ class Engine:
         raise NotImplementedError
 
     def close_round(self, complete: bool = True) -> None:
-        """Close the server's round and load the new global model into the module."""
+        """Close the server's round and load the new global model (integer buffers included) into the module."""
         self.flat.set(self.server.close_round(complete))
+        if self.server.global_ints.numel():
+            self.flat.set_ints(self.server.global_ints)
 
     def finish_partial_round(self) -> None:
         """The epoch ended (``max_steps``, ``limit_train_batches``, ...) before every client finished: close the
@@ -154,15 +156,7 @@ class Engine:
     # ------------------------------------------------------------------ shared pieces
     def apply_config(self, config: dict) -> None:
         """Pass the rule's per-client config (Fed-CIS's exit) to the module's ``configure_client(**config)``."""
-        if not config:
-            return
-        configure = getattr(self.module, "configure_client", None)  # the user's module, not one of ours
-        if configure is None:
-            raise TypeError(
-                f"{type(self.server.algorithm).__name__} sends {sorted(config)} to each client: the LightningModule "
-                "must define configure_client(**config) (EarlyExitClassifier does)"
-            )
-        configure(**config)
+        apply_client_config(self.module, self.server.algorithm, config)
 
     def load_client(self, start: ClientStart) -> None:
         """Put the global model, the rule's config and the client's optimizer state into the module."""
@@ -176,17 +170,37 @@ class Engine:
                 import_optimizer_state(optimizer, start.optimizer_state[i])
 
     def probe_losses(self, round: int, available: Tensor) -> Tensor:
-        """The one-batch training loss of every available client at the global model (float64 ``[N]``, NaN for
-        the others), for rules that select on it (CA-Fed, thesis Algorithm 3 line 3). No parameter changes."""
-        server = self.server
-        losses = torch.full((server.num_clients,), float("nan"), dtype=torch.float64)
-        self.flat.set(server.global_vector)
-        with torch.no_grad(), logging_disabled(self.module):
-            for client in torch.nonzero(available & server.planner.has_data).flatten().tolist():
-                batch = self.to_device(server.streams.batch(server.streams.probe_indices(round, client)))
-                out = self.module.training_step(batch, 0)
-                losses[client] = float(out["loss"] if isinstance(out, dict) else out)
-        return losses
+        """The one-batch training loss of every available client at the global model (see :func:`probe_losses`)."""
+        return probe_losses(self.module, self.flat, self.server, self.to_device, round, available)
+
+
+def apply_client_config(module: pl.LightningModule, algorithm: Any, config: dict) -> None:
+    """Pass the rule's per-client config (Fed-CIS's exit) to the module's ``configure_client(**config)``."""
+    if not config:
+        return
+    configure = getattr(module, "configure_client", None)  # the user's module, not one of ours
+    if configure is None:
+        raise TypeError(
+            f"{type(algorithm).__name__} sends {sorted(config)} to each client: the LightningModule "
+            "must define configure_client(**config) (EarlyExitClassifier does)"
+        )
+    configure(**config)
+
+
+def probe_losses(
+    module: pl.LightningModule, flat: FlatModel, server: Server, to_device: BatchToDevice, round: int, available: Tensor
+) -> Tensor:
+    """The one-batch training loss of every available client at the global model (float64 ``[N]``, NaN for the
+    others), for rules that select on it (CA-Fed, thesis Algorithm 3 line 3). Loads ``w_t`` into ``module``; no
+    parameter changes."""
+    losses = torch.full((server.num_clients,), float("nan"), dtype=torch.float64)
+    flat.set(server.global_vector)
+    with torch.no_grad(), logging_disabled(module):
+        for client in torch.nonzero(available & server.planner.has_data).flatten().tolist():
+            batch = to_device(server.streams.batch(server.streams.probe_indices(round, client)))
+            out = module.training_step(batch, 0)
+            losses[client] = float(out["loss"] if isinstance(out, dict) else out)
+    return losses
 
 
 def _unchanged(batch: Any) -> Any:

@@ -54,7 +54,7 @@ ROUNDS = 4
 NUM_CLIENTS = 6
 
 #: engine name -> extra FedHetStrategy arguments; every entry must pass every case
-ENGINE_VARIANTS: dict[str, dict] = {"vmap": dict(engine="vmap")}
+ENGINE_VARIANTS: dict[str, dict] = {"vmap": dict(engine="vmap"), "auto": dict(engine="auto")}
 
 _hetero = dict(
     participation=lambda: Bernoulli(0.7),
@@ -91,19 +91,42 @@ def _settings(spec: dict) -> dict:
     return {k: v() for k, v in spec.items()}
 
 
-def _run_tiny(engine_kwargs: dict, case: str, strategy_cls: type = FedHetStrategy, **trainer_kwargs):
+class _TinyBatchNorm(TinyClassifier):
+    """BatchNorm1d (running statistics, num_batches_tracked) before the linear layer, SGD with momentum."""
+
+    def __init__(self) -> None:
+        super().__init__(momentum=0.5)
+        self.norm = torch.nn.BatchNorm1d(5, momentum=0.3)
+
+    def forward(self, x):
+        return self.linear(self.norm(x))
+
+
+def _run_tiny(
+    engine_kwargs: dict,
+    case: str,
+    strategy_cls: type = FedHetStrategy,
+    model_cls: type = TinyClassifier,
+    rounds: int = ROUNDS,
+    **trainer_kwargs,
+):
     factory, spec = CASES[case]
     torch.manual_seed(0)
-    model = TinyClassifier(momentum=0.5)
+    model = TinyClassifier(momentum=0.5) if model_cls is TinyClassifier else model_cls()
     data = FederatedDataModule(toy_dataset(96), [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
     strategy = strategy_cls(algorithm=factory(), seed=5, **_settings(spec), **engine_kwargs)
-    trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0, **trainer_kwargs)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0, **trainer_kwargs)
     trainer.fit(model, datamodule=data)
     return strategy
 
 
 def _run_fedcis(
-    engine_kwargs: dict, weight_decay: float = 0.0, strategy_cls: type = FedHetStrategy, **trainer_kwargs
+    engine_kwargs: dict,
+    weight_decay: float = 0.0,
+    strategy_cls: type = FedHetStrategy,
+    norm: str = "group",
+    rounds: int = ROUNDS,
+    **trainer_kwargs,
 ):
     topology = CISTopology.preset("7-node", "80-15-5")
     gen = torch.Generator().manual_seed(0)
@@ -111,10 +134,10 @@ def _run_fedcis(
     y = torch.randint(0, 10, (7 * 8,), generator=gen)
     data = FederatedDataModule(TensorDataset(x, y), [np.arange(i * 8, (i + 1) * 8) for i in range(7)], batch_size=4)
     torch.manual_seed(0)
-    net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4, norm="group")
+    net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4, norm=norm)
     model = EarlyExitClassifier(model=net, num_classes=10, lr=0.05, momentum=0.9, weight_decay=weight_decay)
     strategy = strategy_cls(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=3, **engine_kwargs)
-    trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0, **trainer_kwargs)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0, **trainer_kwargs)
     trainer.fit(model, datamodule=data)
     return strategy
 
@@ -135,9 +158,9 @@ def _reference(case: str) -> FedHetStrategy:
     return _reference_cache[case]
 
 
-def _assert_same_run(ref: FedHetStrategy, out: FedHetStrategy) -> None:
+def _assert_same_run(ref: FedHetStrategy, out: FedHetStrategy, rounds: int = ROUNDS) -> None:
     torch.testing.assert_close(out.global_params, ref.global_params, rtol=1e-5, atol=1e-6)
-    assert len(out.history) == len(ref.history) == ROUNDS
+    assert len(out.history) == len(ref.history) == rounds
     for a, b in zip(ref.history, out.history):
         for key in ("available", "selected", "received", "rejected"):
             assert torch.equal(a[key], b[key]), (a["round"], key)
@@ -158,6 +181,30 @@ def test_engine_matches_sequential_or_refuses(variant: str, case: str):
         assert "engine='sequential'" in str(err)
         pytest.fail(f"{variant} refused {case}: {err}")  # none of today's cases should need a refusal
     _assert_same_run(reference, out)
+
+
+BATCHNORM_ROUNDS = 5
+
+
+def _run_batchnorm(engine_kwargs: dict, case: str):
+    if CASES[case] == "early-exit":
+        return _run_fedcis(engine_kwargs, norm="batch", rounds=BATCHNORM_ROUNDS)
+    return _run_tiny(engine_kwargs, case, model_cls=_TinyBatchNorm, rounds=BATCHNORM_ROUNDS)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_vmap_with_batchnorm_matches_sequential(case: str):
+    # Per-client running statistics and num_batches_tracked under vmap, averaged by the server as under the
+    # sequential engine: the global vector holds the parameters and the running means/variances, so a shared
+    # (not per-client) statistic, a missing buffer update or a buffer averaged like a parameter would differ here.
+    reference = _run_batchnorm({}, case)
+    out = _run_batchnorm(dict(engine="vmap"), case)
+    _assert_same_run(reference, out, rounds=BATCHNORM_ROUNDS)
+    ref_ints, out_ints = reference.server.global_ints, out.server.global_ints
+    assert torch.equal(out_ints, ref_ints)
+    assert int(ref_ints.max()) > 0  # num_batches_tracked moved: the buffers were trained
+    buffers = reference.global_params[reference.server.num_parameters :]
+    assert ((buffers != 0) & (buffers != 1)).any()  # running means/variances left their initial zeros and ones
 
 
 def test_every_exported_algorithm_has_a_case():
@@ -183,16 +230,18 @@ def test_compiled_vmap_matches_sequential(case: str):
 
 
 class _TinyCNN(TinyClassifier):
-    """Conv 3x3 (4 channels) -> ReLU -> 2x2 max-pool -> linear, SGD with momentum: the CNN case of the fast path."""
+    """Conv 3x3 (4 channels) -> BatchNorm -> ReLU -> 2x2 max-pool -> linear, SGD with momentum: the CNN case of the
+    fast path, with running statistics stacked per client inside the compiled graph."""
 
     def __init__(self) -> None:
         super().__init__(momentum=0.5)
         torch.manual_seed(7)
         self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4)
         self.linear = torch.nn.Linear(4 * 3 * 3, 3)
 
     def forward(self, x):
-        return self.linear(torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
+        return self.linear(torch.nn.functional.max_pool2d(torch.relu(self.norm(self.conv(x))), 2).flatten(1))
 
 
 def _run_cnn(engine_kwargs: dict, rounds: int = 5) -> FedHetStrategy:
@@ -211,8 +260,9 @@ def test_compiled_vmap_matches_sequential_on_a_cnn():
         warnings.simplefilter("error", RuntimeWarning)  # a silent fall-back to the eager cohort would be vacuous
         compiled = _run_cnn(dict(engine="vmap", compile=True))
     assert sum(len(h["received"]) for h in reference.history) >= 10
-    initial = torch.cat([p.detach().flatten() for p in _TinyCNN().parameters()])
+    initial = torch.cat([p.detach().flatten() for p in [*_TinyCNN().parameters(), *_TinyCNN().norm.buffers()][:-1]])
     assert (reference.global_params - initial).abs().max() > 1e-3  # the model did train
     torch.testing.assert_close(compiled.global_params, reference.global_params, rtol=1e-5, atol=1e-5)
+    assert torch.equal(compiled.server.global_ints, reference.server.global_ints)  # num_batches_tracked
     for a, b in zip(reference.history, compiled.history):
         assert torch.equal(a["received"], b["received"]) and a["local_steps"] == b["local_steps"]

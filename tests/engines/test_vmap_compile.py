@@ -220,3 +220,39 @@ def test_compile_argument_is_validated(bad):
 def test_compiled_cohorts_are_padded_to_few_bucket_sizes(size, bucket):
     # multiples of 8 up to 64, then multiples of 2**(bit_length - 4): at most 12.5 % padding above 64
     assert padded_size(size) == bucket
+
+
+class CountsCalls(Wrapped):
+    """A training step that changes a plain Python attribute: a constant to torch.compile, new at every call."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.counter = 0
+
+    def training_step(self, batch, batch_idx):
+        self.counter += 1
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_keeps_recompiling_falls_back_once_naming_the_attribute():
+    # Each call sees a new self.counter, so each would compile a new graph (64 times before the guard existed). After
+    # RECOMPILE_GUARD_LIMIT recompilations the cohort runs eagerly, warns once naming the attribute, and still gives
+    # each client's own training (the counter does not enter the loss). Slip caught: a guard that never triggers
+    # (compiles grow with the steps) or one that names no cause.
+    make = OPTIMIZERS["sgd-momentum-wd"]
+    data = batches((6,), steps=8)
+    steps = np.array([8, 6, 3, 7])
+    module = CountsCalls(logistic())
+    with pytest.warns(RuntimeWarning, match=r"kept recompiling.*training_step changes self\.counter") as record:
+        cohort, _ = run_cohort(module, make, data, steps, compile=True)
+    assert len([w for w in record if "recompiling" in str(w.message)]) == 1
+    entry = cohort.compiled_entry
+    recompiles = {str(reason).split(":", 1)[0] for reason in torch._dynamo.utils.guard_failures.get(entry.code, ())}
+    assert len(recompiles) <= _compiled.RECOMPILE_GUARD_LIMIT  # compile ids of the graphs that were replaced
+    assert module.counter == 8  # every step ran
+    expected, _ = per_client_reference(logistic(), make, data, steps)
+    torch.testing.assert_close(cohort.flat_params(), expected, atol=1e-5, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a later round neither compiles again nor warns again
+        again, _ = run_cohort(module, make, data, steps, compile=True)
+    assert not again.compiled

@@ -1,0 +1,142 @@
+"""``engine="auto"``: the vmap engine (compiled where it pays) when the run passes its checks, else the sequential one.
+
+The choice is made once per fit, in two steps, and said once (``rank_zero_info``) with its reason:
+
+1. :func:`choose_engine` at the strategy's setup, from what is known then: the module, its optimizer and
+   learning-rate schedulers, the rule, ``optimizer_state``, an int ``val_check_interval`` counted inside each epoch,
+   the device and the number of rounds. Anything the vmap engine refuses at setup picks ``sequential``.
+2. :func:`vmap_trial` when the first round's data exists: one vmapped gradient of ``training_step`` on one client's
+   real mini-batch, on copies of the parameters and buffers (nothing of the run changes). If ``torch.func`` cannot
+   transform the step (data-dependent Python control flow, ``backward`` inside ``training_step``, ...), ``sequential``.
+
+Whether vmap pays was measured (``docs/performance.md``): on a GPU a cohort in lock-step is always the fast path; on a
+CPU it is for models whose steps are small (logistic regression: 6x the sequential engine), not for convolutional
+networks, whose batched CPU kernels gain nothing over one client at a time (the Fashion-MNIST CNN: 0.8-1.1x), so
+``auto`` keeps such a model on the sequential engine there. Compiling pays on a GPU, and on a CPU for models without
+convolutions when the run is long enough to repay the compilation (:data:`COMPILE_MIN_ROUNDS` rounds); an explicit
+``compile=True/False`` is followed whenever vmap is picked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lightning_fedhet.engines._compiled import (
+    LogCollector,
+    StepModule,
+    VmapUnsupported,
+    make_grad_step,
+    make_loss,
+)
+from lightning_fedhet.engines.vmap import StateLayout, check_vmap_support
+
+#: a CPU run compiles the cohort step only from this many rounds on (compiling a small model costs seconds)
+COMPILE_MIN_ROUNDS = 200
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """What ``engine="auto"`` picked: ``name`` (``"sequential"`` or ``"vmap"``), ``compile`` and why."""
+
+    name: str
+    compile: bool | str
+    reason: str
+
+    def describe(self) -> str:
+        compiled = " with compile=" + repr(self.compile) if self.name == "vmap" and self.compile else ""
+        return f"FedHetStrategy(engine='auto') trains with engine={self.name!r}{compiled}: {self.reason}"
+
+
+def choose_engine(
+    module: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    scheduler_intervals: Sequence[str],
+    *,
+    sends_client_config: bool,
+    optimizer_state: str,
+    val_interval_inside_epoch: int | None,
+    device: torch.device,
+    rounds: int | None,
+    compile: bool | str | None,
+) -> EngineChoice:
+    """The engine for a fit (step 1 of the module docstring); ``compile=None`` lets the choice decide."""
+
+    def sequential(reason: str) -> EngineChoice:
+        return EngineChoice("sequential", False, reason)
+
+    if optimizer_state == "persist":
+        return sequential("optimizer_state='persist' keeps one optimizer state per client, which vmap cannot")
+    if not getattr(module, "automatic_optimization", True):  # the user's module, not one of ours
+        return sequential("the module uses manual optimisation")
+    if len(optimizers) != 1:
+        return sequential(f"the module has {len(optimizers)} optimizers (vmap steps exactly one)")
+    try:
+        check_vmap_support(module, optimizers[0])
+    except VmapUnsupported as err:
+        return sequential(_cause(err))
+    decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
+    if sends_client_config and any(decay):
+        return sequential("the rule trains a different part of the model on each client and weight decay would move "
+                          "the other parts under vmap")  # fmt: skip
+    if "step" in scheduler_intervals:
+        return sequential("a learning-rate scheduler steps every local step (interval='step')")
+    if val_interval_inside_epoch is not None and val_interval_inside_epoch > 1:
+        return sequential(
+            f"val_check_interval={val_interval_inside_epoch} is counted inside each round, which vmap runs as one step"
+        )
+    convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
+    if device.type == "cpu" and convolutional:
+        return sequential(
+            "the model has convolutions and trains on a CPU, where a cohort's batched convolutions are no faster than "
+            "one client at a time (vmap pays on a GPU, or for models without convolutions)"
+        )
+    if compile is None:
+        long_run = rounds is None or rounds < 0 or rounds >= COMPILE_MIN_ROUNDS
+        compile = device.type == "cuda" or (not convolutional and long_run)
+    where = "on a GPU" if device.type == "cuda" else "on a CPU for a model without convolutions"
+    return EngineChoice("vmap", compile, f"the model passes vmap's checks and a cohort in lock-step pays {where}")
+
+
+def vmap_trial(module: nn.Module, batch: Any, to_device: Callable[[Any], Any]) -> str | None:
+    """Step 2 of the module docstring: ``None`` when ``torch.func`` transforms ``training_step`` on ``batch`` (one
+    client's mini-batch, stacked ``[1, B, ...]``), else the cause. Works on copies: the module does not change."""
+    layout = StateLayout(module)
+    floats, ints = layout.current()
+    rows = floats.unsqueeze(0)
+    params = StateLayout.split(rows[:, : layout.num_parameters], layout.params)
+    buffers = StateLayout.split(rows[:, layout.num_parameters :], layout.float_buffers)
+    buffers.update(StateLayout.split(ints.unsqueeze(0), layout.int_buffers))
+    buffers = {name: buffers[name] for name, _ in module.named_buffers()}
+    collector = LogCollector()
+    original = module.log
+    module.log = collector
+    try:
+        step = make_grad_step(make_loss(StepModule(module), collector))
+        step(params, buffers, to_device(batch), 0, torch.ones(1, dtype=torch.bool, device=rows.device))
+    except VmapUnsupported as err:
+        return _cause(err)
+    except RuntimeError as err:  # torch.func's refusals are RuntimeErrors
+        return f"torch.func could not transform training_step ({str(err).strip().splitlines()[0][:300]})"
+    finally:
+        module.log = original
+    return None
+
+
+def trial_batch(streams: Any, has_data: np.ndarray) -> Any | None:
+    """The first mini-batch of the first client holding data, stacked ``[1, B, ...]`` (``None`` if nobody has data)."""
+    clients = np.flatnonzero(has_data)
+    if clients.size == 0:
+        return None
+    indices = streams.probe_indices(0, int(clients[0]))
+    return streams.stacked_batch(indices[None, :])
+
+
+def _cause(err: VmapUnsupported) -> str:
+    text = str(err).removeprefix("engine='vmap' cannot run this: ")
+    return text.removesuffix(". Use engine='sequential' instead.")

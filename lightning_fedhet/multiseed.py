@@ -1,0 +1,340 @@
+"""Many seeds in one run: ``S`` independent federations of one configuration, trained as one batched computation.
+
+A study needs 5 to 10 seeds of every configuration. The seeds differ only in their draws (participation, selection,
+channel, local steps, data order), their initial global model and their rule's state, so their rounds can share
+the work: every round, the cohorts of all ``S`` federations are stacked into one ``torch.func.vmap`` cohort (the
+vmap engine's lock-step training, :mod:`lightning_fedhet.engines.vmap`), and each trained row goes back to its own
+federation's :class:`~lightning_fedhet.server.Server`, which aggregates it with its own rule. Each seed's result is
+its own single-seed run's (``Trainer(strategy=FedHetStrategy(seed=s, ...)).fit(...)``) within float tolerance;
+the engine contract test checks it.
+
+Why a function and not ``FedHetStrategy(seed=[0, 1, 2])``: a Lightning ``Trainer`` fits and validates one module,
+while ``S`` federations have ``S`` global models (each seed initialises its own). :func:`fit_seeds` therefore takes
+a ``build(seed)`` function that makes a seed's module, datamodule and strategy exactly as its single-seed run does
+(after ``seed_everything(seed)``), and returns one :class:`SeedRun` per seed: the module holding that seed's final
+global model (validate or test it with an ordinary ``Trainer``), the history, per-round metrics, and the evaluations
+an ``evaluate`` callback made at chosen rounds::
+
+    from lightning.pytorch import Trainer
+    from lightning_fedhet import FedHetStrategy, FederatedDataModule
+    from lightning_fedhet.multiseed import fit_seeds
+
+    def build(seed):
+        model = MyModule()                      # after seed_everything(seed): seed's own initial model
+        strategy = FedHetStrategy(algorithm=FedAvg(), participation=Bernoulli(0.5), local_steps=5, seed=seed)
+        return model, datamodule, strategy     # the same datamodule object for every seed: one gather per step
+
+    def evaluate(module, seed, round):          # every 10 rounds and after the last
+        return Trainer(logger=False, enable_progress_bar=False).validate(module, datamodule, verbose=False)[0]
+
+    runs = fit_seeds(build, seeds=range(10), rounds=200, eval_every=10, evaluate=evaluate)
+    runs[3].history, runs[3].evals, runs[3].module     # seed 3's rounds, [(round, metrics)], final global model
+
+What runs: everything the vmap engine runs (:class:`~lightning_fedhet.engines.vmap.VmapCohort`; ``compile`` as the
+strategy asks), with every rule (each seed has its own rule instance: stale memories, estimators and CA-Fed's probe
+losses included), participation process, channel, latency model and deadline. Learning-rate schedulers with
+``interval="epoch"`` step once per round as Lightning steps them (they are the same for every seed).
+
+Refused before any work, naming the cause (run the seeds one at a time with ``Trainer.fit`` instead): what the vmap
+engine refuses (``optimizer_state="persist"``, non-elementwise optimizers, several optimizers, manual optimisation,
+BatchNorm with ``momentum=None``), ``interval="step"`` and metric-monitoring schedulers, seeds whose modules or
+optimizer settings differ, ``FedHetDDPStrategy``. Not available here: Lightning callbacks, loggers, checkpoints
+and precision plugins of a training ``Trainer`` (there is none); ``self.trainer`` inside ``training_step``.
+Dropout draws differ from the single-seed runs (as between the vmap and sequential engines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch import seed_everything
+from torch import Tensor
+
+from lightning_fedhet._checks import check_int
+from lightning_fedhet.engines.base import apply_client_config, probe_losses
+from lightning_fedhet.engines.vmap import (
+    StateLayout,
+    VmapUnsupported,
+    build_groups,
+    check_vmap_setup,
+    lock_step_batches,
+    run_lock_steps,
+    submit_groups,
+)
+from lightning_fedhet.flat import FlatModel
+from lightning_fedhet.history import round_metrics
+from lightning_fedhet.server import Server
+from lightning_fedhet.strategy import FedHetStrategy
+
+Build = Callable[[int], tuple[pl.LightningModule, pl.LightningDataModule, FedHetStrategy]]
+Evaluate = Callable[[pl.LightningModule, int, int], dict]
+
+
+@dataclasses.dataclass
+class SeedRun:
+    """One seed's federation after :func:`fit_seeds`.
+
+    Attributes:
+        seed: the seed.
+        module: the seed's LightningModule, holding its final global model (parameters, floating and integer buffers).
+        strategy: the seed's strategy as ``build`` made it (its arguments; it ran no Trainer).
+        server: the seed's server (global vector, rule state, history).
+        metrics: one dict per round: ``round`` (0-based), the ``round/...`` counts of
+            :func:`~lightning_fedhet.history.round_metrics`, ``train_loss`` (mean training loss of the clients that
+            trained, NaN if none) and the mean of every value ``training_step`` logged with ``self.log``.
+        evals: ``(round, metrics)`` pairs returned by ``evaluate`` (``round`` counts completed rounds, 1-based).
+    """
+
+    seed: int
+    module: pl.LightningModule
+    strategy: FedHetStrategy
+    server: Server
+    flat: FlatModel
+    metrics: list[dict] = dataclasses.field(default_factory=list)
+    evals: list[tuple[int, dict]] = dataclasses.field(default_factory=list)
+
+    @property
+    def history(self) -> list[dict]:
+        """The seed's round records, as ``FedHetStrategy.history`` gives them."""
+        return self.server.history
+
+    @property
+    def global_params(self) -> Tensor:
+        """The seed's global model as a flat vector ``[d]`` (parameters, then floating buffers)."""
+        return self.server.global_vector
+
+    def load_global(self) -> pl.LightningModule:
+        """Put the seed's current global model (integer buffers included) into :attr:`module` and return it."""
+        self.flat.set(self.server.global_vector)
+        if self.server.global_ints.numel():
+            self.flat.set_ints(self.server.global_ints)
+        return self.module
+
+
+def fit_seeds(
+    build: Build,
+    seeds: Sequence[int],
+    rounds: int,
+    *,
+    eval_every: int | None = None,
+    evaluate: Evaluate | None = None,
+    device: str | torch.device = "cpu",
+) -> list[SeedRun]:
+    """Train ``rounds`` rounds of every seed's federation at once (see the module docstring).
+
+    Args:
+        build: ``build(seed) -> (module, datamodule, strategy)``, called once per seed right after
+            ``lightning.seed_everything(seed)``; ``strategy`` is a :class:`FedHetStrategy` whose seed is ``seed``
+            (its ``engine`` is not used: the seeds always train stacked in vmap cohorts; its ``compile`` is).
+        seeds: distinct ints, one federation each (``S >= 1``).
+        rounds: communication rounds, ``>= 1``.
+        eval_every: call ``evaluate`` after every ``eval_every`` rounds and after the last; ``None``: only after the
+            last (when ``evaluate`` is given).
+        evaluate: ``evaluate(module, seed, round) -> dict`` with ``module`` holding that seed's global model after
+            ``round`` rounds (1-based); e.g. ``Trainer(...).validate(module, datamodule)[0]``. It may change nothing
+            that training uses (the module's state is restored from the server afterwards anyway).
+        device: where the modules and the cohort train.
+
+    Returns:
+        One :class:`SeedRun` per seed, in the order of ``seeds``.
+    """
+    seeds = [check_int(seed, "seeds", 0, 2**32 - 1) for seed in seeds]
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {seeds}")
+    rounds = check_int(rounds, "rounds", 1)
+    if eval_every is not None:
+        eval_every = check_int(eval_every, "eval_every", 1)
+    device = torch.device(device)
+    runs, optimizers, schedulers = [], [], []
+    for seed in seeds:
+        run, optimizer, scheduler_configs = _build_seed(build, seed, device)
+        runs.append(run)
+        optimizers.append(optimizer)
+        schedulers.append(scheduler_configs)
+    _check_same_configuration(runs, optimizers)
+    carrier, optimizer, epoch_schedulers = runs[0].module, optimizers[0], schedulers[0]
+    layout = StateLayout(carrier)
+    compile = runs[0].strategy.compile
+    algorithm = runs[0].server.algorithm
+
+    def to_device(batch: Any) -> Any:
+        batch = carrier.transfer_batch_to_device(batch, device, 0)
+        return carrier.on_after_batch_transfer(batch, 0)
+
+    def configure(config: dict) -> None:
+        apply_client_config(carrier, algorithm, config)
+
+    carrier.train()
+    for t in range(rounds):
+        members = []
+        for run in runs:
+            server = run.server
+
+            def probe(round: int, available: Tensor, run: SeedRun = run) -> Tensor:
+                return probe_losses(run.module, run.flat, run.server, to_device, round, available)
+
+            members.append((server, server.begin_round(server.next_round, probe=probe)))
+        groups = build_groups(carrier, optimizer, members, configure, compile, layout)
+        logs: dict = {}
+        if groups:
+            steps = max(int(plan.local_steps.max()) for _, plan in members if plan.trained_ids)
+            lock_step = lock_step_batches(members, groups, to_device)
+            logs = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure)
+            submit_groups(members, groups)
+        losses = _train_losses(groups, len(runs))
+        for owner, run in enumerate(runs):
+            run.server.close_round()
+            record = run.server.history[-1]
+            metrics = {"round": record["round"], **round_metrics(record), "train_loss": losses[owner]}
+            for name, chunks in logs.items():
+                values = [v[torch.from_numpy(o == owner).to(v.device)] for v, o in chunks]
+                values = torch.cat(values) if values else torch.zeros(0)
+                metrics[name] = float(values.mean()) if values.numel() else float("nan")
+            run.metrics.append(metrics)
+        for config in epoch_schedulers:  # as Lightning steps them at the end of every `frequency`-th epoch
+            if (t + 1) % config.frequency == 0:
+                config.scheduler.step()
+        done = t + 1
+        if evaluate is not None and (done == rounds or (eval_every is not None and done % eval_every == 0)):
+            for run in runs:
+                run.evals.append((done, evaluate(run.load_global(), run.seed, done)))
+                carrier.train()
+    for run in runs:
+        run.load_global()
+    return runs
+
+
+class _Steps:
+    """A round's lock-steps as :func:`run_lock_steps` iterates them (``len`` and ``lock_step``)."""
+
+    def __init__(self, lock_step: Callable[[int], list], num_steps: int) -> None:
+        self.lock_step, self.num_steps = lock_step, num_steps
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+
+def _train_losses(groups: Sequence, num_runs: int) -> list[float]:
+    """Each federation's mean training loss over the clients that trained this round (NaN if none)."""
+    sums, counts = [0.0] * num_runs, [0] * num_runs
+    for group in groups:
+        for owner, loss in zip(group.owners.tolist(), group.cohort.mean_losses().tolist()):
+            if loss == loss:  # NaN: a client with no step
+                sums[owner] += loss
+                counts[owner] += 1
+    return [s / c if c else float("nan") for s, c in zip(sums, counts)]
+
+
+def _build_seed(build: Build, seed: int, device: torch.device) -> tuple[SeedRun, torch.optim.Optimizer, list]:
+    """One seed's module, server and optimizer, checked for what the stacked run cannot do."""
+    seed_everything(seed, workers=False, verbose=False)
+    built = build(seed)
+    if not (isinstance(built, tuple) and len(built) == 3):
+        raise TypeError(f"build(seed) must return (module, datamodule, strategy), got {type(built).__name__}")
+    module, datamodule, strategy = built
+    if not isinstance(strategy, FedHetStrategy):
+        raise TypeError(
+            f"build({seed}) returned a {type(strategy).__name__}: fit_seeds runs FedHetStrategy configurations "
+            "(one process); run other strategies one seed at a time with Trainer.fit"
+        )
+    if strategy.seed != seed:
+        raise ValueError(f"build({seed}) returned FedHetStrategy(seed={strategy.seed}): pass seed={seed} to it")
+    if not isinstance(module, pl.LightningModule):
+        raise TypeError(f"build({seed}) must return a LightningModule first, got {type(module).__name__}")
+    module.to(device)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    dataloader = datamodule.train_dataloader()
+    server, flat = strategy.build_server(module, dataloader, datamodule)
+    optimizer, scheduler_configs = _optimizer(module, seed)
+    strategy.algorithm.check_client_solver(optimizer, strategy.optimizer_state_mode)
+    check_vmap_setup(module, [optimizer], server)
+    return SeedRun(seed, module, strategy, server, flat), optimizer, scheduler_configs
+
+
+@dataclasses.dataclass
+class _EpochScheduler:
+    scheduler: Any
+    frequency: int
+
+
+def _optimizer(module: pl.LightningModule, seed: int) -> tuple[torch.optim.Optimizer, list[_EpochScheduler]]:
+    """The one optimizer of ``configure_optimizers`` and its per-epoch schedulers (Lightning's return forms)."""
+    conf = module.configure_optimizers()
+    schedulers: list = []
+    if isinstance(conf, dict):
+        optimizers = [conf["optimizer"]]
+        if conf.get("lr_scheduler") is not None:
+            schedulers = [conf["lr_scheduler"]]
+    elif isinstance(conf, torch.optim.Optimizer):
+        optimizers = [conf]
+    elif isinstance(conf, (list, tuple)) and len(conf) == 2 and isinstance(conf[0], (list, tuple)):
+        optimizers, schedulers = list(conf[0]), list(conf[1])
+    elif isinstance(conf, (list, tuple)):
+        optimizers = list(conf)
+    else:
+        raise VmapUnsupported(f"configure_optimizers returned {type(conf).__name__}; return an optimizer or a dict")
+    if len(optimizers) != 1 or not isinstance(optimizers[0], torch.optim.Optimizer):
+        raise VmapUnsupported(f"configure_optimizers gave {len(optimizers)} optimizers; the cohort steps exactly one")
+    out = []
+    for entry in schedulers:
+        config = entry if isinstance(entry, dict) else {"scheduler": entry}
+        interval, frequency = config.get("interval", "epoch"), int(config.get("frequency", 1))
+        if interval != "epoch" or config.get("monitor") is not None or _monitors(config["scheduler"]):
+            raise VmapUnsupported(
+                f"seed {seed}'s learning-rate scheduler (interval={interval!r}, monitor={config.get('monitor')!r}) "
+                "is not a per-round schedule fit_seeds can step; use interval='epoch' without a monitor, or fit the "
+                "seeds one at a time with Trainer.fit"
+            )
+        out.append(_EpochScheduler(config["scheduler"], frequency))
+    return optimizers[0], out
+
+
+def _monitors(scheduler: Any) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _check_same_configuration(runs: Sequence[SeedRun], optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Every seed must train the same architecture with the same optimizer settings (one stacked cohort)."""
+    first = runs[0]
+    for name in ("algorithm", "participation", "selection", "channel", "latency"):
+        seen: dict[int, int] = {}
+        for run in runs:
+            part = getattr(run.strategy, name)
+            if part is None:
+                continue
+            if id(part) in seen:
+                raise ValueError(
+                    f"seeds {seen[id(part)]} and {run.seed} were given the same {type(part).__name__} object as "
+                    f"{name}: it keeps per-run state, so build(seed) must create a new one for every seed"
+                )
+            seen[id(part)] = run.seed
+    shapes = [(name, tuple(t.shape), t.dtype) for name, t in first.module.state_dict().items()]
+    hyper = _hyper(optimizers[0])
+    for run, optimizer in zip(runs[1:], optimizers[1:]):
+        other = [(name, tuple(t.shape), t.dtype) for name, t in run.module.state_dict().items()]
+        if other != shapes:
+            raise ValueError(
+                f"seed {run.seed}'s module differs from seed {first.seed}'s in its tensors: fit_seeds stacks seeds "
+                "of one configuration; fit different models one at a time"
+            )
+        if type(optimizer) is not type(optimizers[0]) or _hyper(optimizer) != hyper:
+            raise ValueError(
+                f"seed {run.seed}'s optimizer settings differ from seed {first.seed}'s: fit_seeds stacks seeds of one "
+                "configuration; fit different optimizers one at a time"
+            )
+        if run.strategy.compile != first.strategy.compile:
+            raise ValueError(
+                f"seed {run.seed}'s strategy has compile={run.strategy.compile!r}, seed {first.seed}'s "
+                f"{first.strategy.compile!r}: pass the same to every seed"
+            )
+
+
+def _hyper(optimizer: torch.optim.Optimizer) -> list[dict]:
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]

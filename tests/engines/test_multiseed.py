@@ -1,0 +1,229 @@
+"""Many seeds in one run: each seed of ``fit_seeds`` equals its own single-seed ``Trainer.fit``, or it is refused.
+
+The reference of seed ``s`` is the ordinary run: ``seed_everything(s)``, build the module, datamodule and
+``FedHetStrategy(seed=s)`` and fit them with the sequential engine. Every contract case (each rule, with Bernoulli or
+Markov availability, a lossy uplink and unequal local steps) runs two seeds stacked; the BatchNorm case three.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import seed_everything
+from lightning_fedhet.model_zoo import early_exit_resnet18
+from torch.utils.data import TensorDataset
+
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.algorithms import FedAvg, FedCIS, FedVARP
+from lightning_fedhet.cis import CISTopology
+from lightning_fedhet.early_exit_module import EarlyExitClassifier
+from lightning_fedhet.engines.vmap import VmapUnsupported
+from lightning_fedhet.multiseed import fit_seeds
+from lightning_fedhet.participation import Bernoulli
+from lightning_fedhet.system import LossyChannel, UniformSteps
+from tests.engines.test_contract import CASES, _settings
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+
+ROUNDS = 4
+
+
+class _RandomInit(TinyClassifier):
+    """TinyClassifier initialised from the global RNG (so each seed starts from its own model), optional BatchNorm."""
+
+    def __init__(self, batchnorm: bool = False) -> None:
+        super().__init__(momentum=0.5)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn_like(self.linear.weight) * 0.3)
+        self.norm = torch.nn.BatchNorm1d(5, momentum=0.3) if batchnorm else torch.nn.Identity()
+
+    def forward(self, x):
+        return self.linear(self.norm(x))
+
+
+_DATA = toy_dataset(96)
+_VAL = toy_dataset(32, seed=9)
+
+
+def _tiny_build(case: str, batchnorm: bool = False, shared_data: bool = True, **engine_kwargs):
+    factory, spec = CASES[case]
+
+    def build(seed: int):
+        model = _RandomInit(batchnorm)
+        data = _DATA if shared_data else toy_dataset(96)  # a dataset object of its own per seed (same values)
+        parts = [np.arange(i * 16, (i + 1) * 16) for i in range(6)]
+        dm = FederatedDataModule(data, parts, batch_size=4, val_dataset=_VAL)
+        return model, dm, FedHetStrategy(algorithm=factory(), seed=seed, **_settings(spec), **engine_kwargs)
+
+    return build
+
+
+def _fedcis_build(**engine_kwargs):
+    topology = CISTopology.preset("7-node", "80-15-5")
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(7 * 8, 3, 8, 8, generator=gen), torch.randint(0, 10, (7 * 8,), generator=gen)
+    data = TensorDataset(x, y)
+
+    def build(seed: int):
+        net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4, norm="batch")
+        model = EarlyExitClassifier(model=net, num_classes=10, lr=0.05, momentum=0.9, weight_decay=0.0)
+        dm = FederatedDataModule(data, [np.arange(i * 8, (i + 1) * 8) for i in range(7)], batch_size=4)
+        return model, dm, FedHetStrategy(algorithm=FedCIS(topology, p=0.3), local_steps=2, seed=seed, **engine_kwargs)
+
+    return build
+
+
+def _single(build, seed: int, rounds: int = ROUNDS) -> FedHetStrategy:
+    """The ordinary run of one seed with the sequential engine."""
+    seed_everything(seed, workers=False, verbose=False)
+    model, dm, strategy = build(seed)
+    quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0).fit(model, datamodule=dm)
+    return strategy
+
+
+def _assert_equal_runs(single: FedHetStrategy, run) -> None:
+    torch.testing.assert_close(run.global_params, single.global_params, rtol=1e-5, atol=1e-5)
+    assert torch.equal(run.server.global_ints, single.server.global_ints)
+    assert len(run.history) == len(single.history)
+    for a, b in zip(single.history, run.history):
+        for key in ("available", "selected", "received", "rejected"):
+            assert torch.equal(a[key], b[key]), (a["round"], key)
+        assert a["local_steps"] == b["local_steps"]
+        assert a["weights"].keys() == b["weights"].keys()
+        for client, weight in a["weights"].items():
+            assert b["weights"][client] == pytest.approx(weight, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_stacked_seed_equals_its_single_run(case: str):
+    # two federations in one vmap cohort per round; a slip that mixed their rows (a client trained from the other
+    # seed's global model, an update sent to the other seed's server, shared rule state) changes both results
+    build = _fedcis_build() if CASES[case] == "early-exit" else _tiny_build(case)
+    seeds = [3, 11]
+    runs = fit_seeds(build, seeds, ROUNDS)
+    singles = [_single(build, seed) for seed in seeds]
+    for single, run in zip(singles, runs):
+        assert run.seed == single.seed
+        _assert_equal_runs(single, run)
+    assert not torch.allclose(runs[0].global_params, runs[1].global_params)  # the seeds really differ
+
+
+def test_three_seeds_with_batchnorm_and_separate_datasets_equal_their_single_runs():
+    # BatchNorm statistics and num_batches_tracked per seed and client; each seed's datamodule has its own dataset
+    # object, so each federation's batches are gathered from its own dataset and concatenated. Validating each
+    # seed's global model every 2 rounds with an ordinary Trainer (BatchNorm in eval mode there) changes nothing.
+    build = _tiny_build("FedVARP", batchnorm=True, shared_data=False)
+    seeds = [0, 1, 2]
+    datamodule = build(0)[1]
+
+    def evaluate(module, seed, round):
+        return quiet_trainer().validate(module, datamodule=datamodule, verbose=False)[0]
+
+    runs = fit_seeds(build, seeds, 5, eval_every=2, evaluate=evaluate)
+    for seed, run in zip(seeds, runs):
+        single = _single(build, seed, rounds=5)
+        _assert_equal_runs(single, run)
+        assert [r for r, _ in run.evals] == [2, 4, 5]
+        final = quiet_trainer().validate(single.lightning_module, datamodule=datamodule, verbose=False)[0]
+        assert run.evals[-1][1]["val_loss"] == pytest.approx(final["val_loss"], abs=1e-5)
+        assert int(run.server.global_ints.max()) > 0
+        torch.testing.assert_close(  # the module holds the seed's final global model
+            torch.cat([t.detach().flatten() for t in run.flat.tensors]), run.global_params
+        )
+
+
+def test_metrics_and_evaluations_per_seed():
+    build = _tiny_build("FedAvg-participating")
+    calls = []
+
+    def evaluate(module, seed, round):
+        calls.append((seed, round))
+        weight = module.linear.weight.detach().clone()
+        return {"weight_norm": float(weight.norm())}
+
+    runs = fit_seeds(build, [4, 5], 5, eval_every=2, evaluate=evaluate)
+    assert calls == [(4, 2), (5, 2), (4, 4), (5, 4), (4, 5), (5, 5)]  # every 2 rounds and after the last
+    for run in runs:
+        assert [m["round"] for m in run.metrics] == list(range(5))
+        assert [r for r, _ in run.evals] == [2, 4, 5]
+        # the last evaluation saw the final global model
+        assert run.evals[-1][1]["weight_norm"] == pytest.approx(float(run.module.linear.weight.detach().norm()))
+        for metrics, record in zip(run.metrics, run.history):
+            assert metrics["round/received"] == len(record["received"])
+            assert np.isfinite(metrics["train_loss"]) == bool(record["local_steps"])
+
+
+def test_refusals_name_the_cause():
+    def build_bad_seed(seed):
+        return _RandomInit(), FederatedDataModule(_DATA, [np.arange(96)], batch_size=4), FedHetStrategy(seed=0)
+
+    with pytest.raises(ValueError, match=r"seed=0\).*pass seed=1"):
+        fit_seeds(build_bad_seed, [1], 1)
+    with pytest.raises(ValueError, match="distinct"):
+        fit_seeds(_tiny_build("FedAvg-participating"), [1, 1], 1)
+    with pytest.raises(ValueError, match="rounds"):
+        fit_seeds(_tiny_build("FedAvg-participating"), [1], 0)
+
+    class Scheduled(_RandomInit):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def build_scheduled(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(96)], batch_size=4)
+        return Scheduled(), dm, FedHetStrategy(seed=seed)
+
+    with pytest.raises(VmapUnsupported, match=r"interval='step'.*one at a time"):
+        fit_seeds(build_scheduled, [0, 1], 1)
+
+    def build_persist(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(96)], batch_size=4)
+        return _RandomInit(), dm, FedHetStrategy(seed=seed, optimizer_state="persist")
+
+    with pytest.raises(VmapUnsupported, match="persist.*engine='sequential'"):
+        fit_seeds(build_persist, [0, 1], 1)
+
+
+def test_an_epoch_scheduler_steps_once_per_round_for_every_seed():
+    class Scheduled(_RandomInit):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.2)
+            scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+
+    def build(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        strategy = FedHetStrategy(
+            algorithm=FedAvg(), participation=Bernoulli(0.7), channel=LossyChannel(uplink=0.2),
+            local_steps=UniformSteps(1, 3), seed=seed,
+        )  # fmt: skip
+        return Scheduled(), dm, strategy
+
+    runs = fit_seeds(build, [0, 1], 3)
+    for run in runs:
+        _assert_equal_runs(_single(build, run.seed, rounds=3), run)
+
+
+def test_stateful_rule_instances_are_not_shared():
+    # a build that hands every seed the same rule object would mix the seeds' memories: refused
+    shared = FedVARP()
+
+    def build(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        return _RandomInit(), dm, FedHetStrategy(algorithm=shared, seed=seed)
+
+    with pytest.raises(ValueError, match="same FedVARP object"):
+        fit_seeds(build, [0, 1], 1)
+
+
+def test_compiled_stacked_seeds_equal_their_single_runs():
+    # the compiled cohort (padded to a bucket size) with the rows of two federations and BatchNorm buffers
+    build = _tiny_build("FedAvg-known_p", batchnorm=True, engine="vmap", compile=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a silent fall-back to the eager cohort would be vacuous
+        runs = fit_seeds(build, [0, 1], ROUNDS)
+    for run in runs:
+        _assert_equal_runs(_single(_tiny_build("FedAvg-known_p", batchnorm=True), run.seed), run)
