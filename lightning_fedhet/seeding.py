@@ -58,6 +58,7 @@ class PartitionKey(IntEnum):
 
     SHARDS = 1  # generator(seed, PARTITION, SHARDS)
     LABEL_SWAP = 2  # generator(seed, PARTITION, LABEL_SWAP, client)
+    FIXED_SIZE = 3  # generator(seed, PARTITION, FIXED_SIZE): FixedSizeDirichlet, one stream in client order
 
 
 def generator(seed: int, stream: int, *keys: int) -> np.random.Generator:

@@ -78,28 +78,22 @@ class LeNet5(nn.Module):
     """LeNet-5 as in the FedAST paper (Fashion-MNIST, §4.1).
 
     ``Conv(in->6, k5)-ReLU-MaxPool2-Conv(6->16, k5)-ReLU-MaxPool2-Flatten(256)-Linear(120)-ReLU-Linear(84)-ReLU
-    -Linear(num_classes)[-ReLU]``. FedAST's code applies a ReLU after every layer **including the output**
-    (``output_relu=True``, faithful); set ``output_relu=False`` for the usual LeNet-5.
+    -Linear(num_classes)``, the output being logits. (The FedAST authors' code also puts a ReLU on the logits; that
+    clips every negative logit to 0, so a class whose logit goes negative for all inputs stops receiving gradient
+    from its own examples. It is not reproduced here.)
 
     Input ``[B, in_channels, 28, 28]``, output ``[B, num_classes]``.
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, output_relu: bool = True) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
         )  # fmt: skip
-        layers: list[nn.Module] = [
-            nn.Linear(256, 120),
-            nn.ReLU(),
-            nn.Linear(120, 84),
-            nn.ReLU(),
-            nn.Linear(84, num_classes),
-        ]
-        if output_relu:
-            layers.append(nn.ReLU())
-        self.classifier = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(256, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_classes)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x))
@@ -174,7 +168,7 @@ def fedau_cnn_cinic10(num_classes: int = 10, in_channels: int = 3, **kwargs) -> 
 
 @register("lenet5_fmnist")
 def lenet5_fmnist(num_classes: int = 10, in_channels: int = 1, **kwargs) -> LeNet5:
-    """FedAST Fashion-MNIST LeNet-5 (ReLU on the output by default), 44,426 parameters."""
+    """FedAST Fashion-MNIST LeNet-5 (logits out), 44,426 parameters."""
     return LeNet5(num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 

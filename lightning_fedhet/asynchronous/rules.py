@@ -11,21 +11,24 @@ Askin, Sharma, Joe-Wong, Joshi, "FedAST: Federated Asynchronous Simultaneous Tra
   arrivals (the paper's straggler mitigation, ``k = 30``).
 
 Both are configuration objects; :meth:`FedAST.build` / :meth:`SyncST.build` create the event-driven server
-(:mod:`lightning_fedhet.asynchronous.server`). The pieces of the dynamic allocation are plain functions here,
-:func:`normalized_variance` (Algorithm 4) and :func:`split_budget` / :func:`allocation_scores` (eq. 3).
+(:mod:`~lightning_fedhet.asynchronous.fedast_server`, :mod:`~lightning_fedhet.asynchronous.syncst_server`) on a
+client pool (:mod:`~lightning_fedhet.asynchronous.pool`; default the paper's ``CappedPool(0.3)``). The pieces of
+the dynamic allocation are plain functions in :mod:`~lightning_fedhet.asynchronous.allocation`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import torch
-from torch import Tensor
+from lightning_fedhet.asynchronous.allocation import ALLOCATIONS
+from lightning_fedhet.asynchronous.fedast_server import FedASTServer
+from lightning_fedhet.asynchronous.pool import ClientPool, resolve_pool
+from lightning_fedhet.asynchronous.syncst_server import SyncSTServer
+from lightning_fedhet.participation.base import Participation
 
 OPTIONS = ("S", "D")
-ALLOCATIONS = ("paper", "code")
 
 
 def _positive_int(value: Any, name: str, low: int = 1) -> int:
@@ -42,15 +45,6 @@ def _per_task(value: Any, name: str) -> int | dict[str, int]:
     return _positive_int(value, name)
 
 
-def resolve_per_task(value: int | Mapping[str, int], tasks: Sequence[str], name: str) -> dict[str, int]:
-    """``value`` (one int for every task, or a mapping task -> int naming exactly ``tasks``) as a dict."""
-    if isinstance(value, Mapping):
-        if set(value) != set(tasks):
-            raise ValueError(f"{name} names tasks {sorted(value)}, but the tasks are {list(tasks)}")
-        return {t: int(value[t]) for t in tasks}
-    return {t: int(value) for t in tasks}
-
-
 class FedAST:
     """FedAST's server rule (paper Algorithm 2) as a configuration.
 
@@ -60,7 +54,8 @@ class FedAST:
         requests: ``R_m^(0)``, requests kept in flight per task: one int for every task or a mapping task -> int.
         buffer: ``b_m^(0)``, updates per server step: an int or a mapping task -> int (``b = 1``: no buffer,
             the paper's "FedAST-NoBuffer"). The ratio ``R_m / b_m`` stays fixed under reallocation
-            (Algorithm 3 line 4; the paper keeps it below ~37).
+            (Algorithm 3 line 4; the paper keeps it below ~37); option D needs it to be the same integer for
+            every task.
         server_lr: ``eta_s > 0`` (paper: 0.1 with a buffer, 0.038 without).
         window: ``V``, the last updates per task used by the variance estimate (paper: 8).
         period: reallocation every ``period * M * sum_m R_m`` received updates, ``M`` = tasks still training
@@ -69,14 +64,17 @@ class FedAST:
             (eq. 3 and Algorithm 4); ``"code"``: the authors' code, ``R_m ∝ eta_s sigma_tilde_m^2 /
             (eta_c tau^2)`` (its ``(...)**1/2`` parses as a halving, not a square root, so the rule is linear in
             the variance).
-        quantum: every ``R_m`` is a multiple of ``quantum`` (1: any integer; the authors' code uses 32).
-        max_new: the most new requests one arrival may send in option ``"D"`` (paper: 2).
+        quantum: every ``R_m`` is a multiple of ``quantum``. Default: ``R_m / b_m`` in option D (so ``b_m =
+            R_m / (R/b)`` exactly; the authors' code: 32 = its ratio), 1 in option S (only a stopped task's
+            requests are re-split there). In option D it must be a multiple of ``R_m / b_m``.
+        max_new: the most new requests one arrival may send (paper: 2); in option S this only matters after the
+            client pool skipped requests (they are made up at the task's next arrivals).
 
     Example::
 
         rule = FedAST(option="D", requests=96, buffer=3, server_lr=0.1)
         server = rule.build({"mnist": Task(x0, local_steps=27, latency=ShiftedExponential.fedast("mnist"))},
-                            num_clients=1000, participation=Bernoulli(0.3), seed=0)
+                            num_clients=1000, pool=CappedPool(0.3), seed=0)
     """
 
     def __init__(
@@ -88,7 +86,7 @@ class FedAST:
         window: int = 8,
         period: float = 0.75,
         allocation: str = "paper",
-        quantum: int = 1,
+        quantum: int | None = None,
         max_new: int = 2,
     ) -> None:
         if option not in OPTIONS:
@@ -106,15 +104,28 @@ class FedAST:
         self.window = _positive_int(window, "window", low=2)
         self.period = float(period)
         self.allocation = allocation
-        self.quantum = _positive_int(quantum, "quantum")
+        self.quantum = None if quantum is None else _positive_int(quantum, "quantum")
+        if option == "D":  # Algorithm 3 line 4 keeps R_m / b_m fixed: refuse now what the server would refuse
+            names = [m for m in (self.requests, self.buffer) if isinstance(m, dict)]
+            keys = list(names[0]) if names else [""]
+            get = lambda v, k: v[k] if isinstance(v, dict) else v  # noqa: E731
+            if all(not isinstance(v, dict) or set(v) == set(keys) for v in (self.requests, self.buffer)):
+                ratios = {k: get(self.requests, k) / get(self.buffer, k) for k in keys}
+                first = next(iter(ratios.values()))
+                if any(r != first for r in ratios.values()) or first != int(first):
+                    raise ValueError(f"option D keeps R_m / b_m fixed, so requests / buffer must be the same integer "
+                                     f"for every task; got {ratios}")
+                if self.quantum is not None and self.quantum % int(first):
+                    raise ValueError(f"quantum={self.quantum} must be a multiple of R_m / b_m = {int(first)} in "
+                                     "option D")
         self.max_new = _positive_int(max_new, "max_new")
 
-    def build(self, tasks: Mapping[str, Any], num_clients: int, participation: Any = None, slot: float = 1.0,
-              seed: int = 0):
-        """The event-driven server for ``tasks`` (:class:`~.server.FedASTServer`); the first requests are sent."""
-        from lightning_fedhet.asynchronous.server import FedASTServer
-
-        return FedASTServer(self, tasks, num_clients, participation=participation, slot=slot, seed=seed)
+    def build(self, tasks: Mapping[str, Any], num_clients: int, participation: Participation | None = None,
+              slot: float = 1.0, seed: int = 0, pool: ClientPool | None = None) -> FedASTServer:
+        """The event-driven server for ``tasks`` (:class:`~.fedast_server.FedASTServer`); the first requests are
+        sent. The client pool: ``pool``, or ``AvailabilityPool(participation, slot)`` when ``participation`` is
+        given, else the paper's ``CappedPool(0.3)`` (:func:`~.pool.resolve_pool`)."""
+        return FedASTServer(self, tasks, num_clients, pool=resolve_pool(pool, participation, slot), seed=seed)
 
     def __repr__(self) -> str:
         return (f"FedAST(option={self.option!r}, requests={self.requests}, buffer={self.buffer}, "
@@ -125,8 +136,9 @@ class FedAST:
 class SyncST:
     """Synchronous simultaneous training (Sync-ST), the paper's baseline (§5.2, App. C).
 
-    Round ``r``: the available clients (``participation.sample(r)``), or ``clients_per_round`` of them drawn
-    uniformly without replacement, are split at random across the tasks still training, task ``m`` getting
+    Round ``r``: the pool's clients of the round (``pool.round_clients(r)``; the paper's pool: 30 % of all
+    clients, drawn uniformly), or ``clients_per_round`` of them drawn uniformly without replacement, are split
+    at random across the tasks still training, task ``m`` getting
     ``n_m ≈ n * w_m / sum w`` of them (largest remainder). Every chosen client runs one request
     (its queue first: a client still busy with a discarded straggler starts later). Task ``m`` keeps its first
     ``first_k`` arrivals (all with ``first_k=None``) and takes the FedAvg step
@@ -153,78 +165,12 @@ class SyncST:
                 raise ValueError(f"weights must map every task to a finite number > 0, got {weights!r}")
         self.weights = weights
 
-    def build(self, tasks: Mapping[str, Any], num_clients: int, participation: Any = None, slot: float = 1.0,
-              seed: int = 0):
-        """The round-based server for ``tasks`` (:class:`~.server.SyncSTServer`). ``slot`` is unused (rounds)."""
-        from lightning_fedhet.asynchronous.server import SyncSTServer
-
-        return SyncSTServer(self, tasks, num_clients, participation=participation, seed=seed)
+    def build(self, tasks: Mapping[str, Any], num_clients: int, participation: Participation | None = None,
+              slot: float = 1.0, seed: int = 0, pool: ClientPool | None = None) -> SyncSTServer:
+        """The round-based server for ``tasks`` (:class:`~.syncst_server.SyncSTServer`); the pool as for
+        :meth:`FedAST.build` (round ``r`` uses ``pool.round_clients(r)``; ``slot`` is unused)."""
+        return SyncSTServer(self, tasks, num_clients, pool=resolve_pool(pool, participation, slot), seed=seed)
 
     def __repr__(self) -> str:
         return (f"SyncST(first_k={self.first_k}, clients_per_round={self.clients_per_round}, "
                 f"server_lr={self.server_lr:g}, weights={self.weights})")
-
-
-def normalized_variance(updates: Tensor) -> float:
-    """Algorithm 4 lines 1-2: ``(1/V) sum_i ||Delta_i - mean||^2 / ||mean||^2`` of updates ``[V, d]``.
-
-    The ratio does not change when every update is scaled by the same factor, so raw deltas
-    ``w_local - w_sent`` give the same value as the paper's ``(x_sent - x_local) / (tau eta_c)``.
-    Returns ``inf`` when the mean update is zero.
-    """
-    if updates.dim() != 2 or updates.shape[0] < 2:
-        raise ValueError(f"updates must have shape [V, d] with V >= 2, got {tuple(updates.shape)}")
-    u = updates.to(torch.float64)
-    mean = u.mean(dim=0)
-    denom = float(mean.square().sum())
-    spread = float((u - mean).square().sum(dim=1).mean())
-    return spread / denom if denom > 0 else math.inf
-
-
-def allocation_scores(variances: Mapping[str, float], rule: str, server_lr: float,
-                      client_lr: Mapping[str, float], local_steps: Mapping[str, int]) -> dict[str, float]:
-    """What ``R_m`` is made proportional to, from the normalised variances ``sigma_tilde_m^2``.
-
-    ``"paper"``: ``sigma_hat_m = sqrt(eta_c eta_s tau sigma_tilde^2)`` (Algorithm 4 line 3, eq. 3);
-    ``"code"``: ``eta_s sigma_tilde^2 / (eta_c tau^2)`` (the authors' code, linear in the variance).
-    """
-    if rule not in ALLOCATIONS:
-        raise ValueError(f"rule must be one of {ALLOCATIONS}, got {rule!r}")
-    out = {}
-    for m, var in variances.items():
-        if rule == "paper":
-            out[m] = math.sqrt(client_lr[m] * server_lr * local_steps[m] * var)
-        else:
-            out[m] = server_lr * var / (client_lr[m] * local_steps[m] ** 2)
-    return out
-
-
-def split_budget(total: int, scores: Mapping[str, float], quantum: int = 1, minimum: int = 1) -> dict[str, int]:
-    """Integers ``R_m`` summing to ``total`` with ``R_m ∝ scores[m]`` (eq. 3), in multiples of ``quantum``.
-
-    The ``total // quantum`` units are shared by largest remainder (ties: the task listed first), then
-    a task below ``minimum`` units takes one from the task holding the most, until none is below.
-    ``total`` must be a multiple of ``quantum`` and ``scores`` finite, ``>= 0`` and not all zero.
-
-    Example: ``split_budget(384, {"a": 1.0, "b": 2.0}) == {"a": 128, "b": 256}``.
-    """
-    total, quantum = int(total), int(quantum)
-    if quantum < 1 or total % quantum:
-        raise ValueError(f"total={total} must be a multiple of quantum={quantum} >= 1")
-    names = list(scores)
-    values = [float(scores[m]) for m in names]
-    if not names or any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(f"scores must be finite, >= 0 and not all zero, got {dict(scores)}")
-    units = total // quantum
-    if units < minimum * len(names):
-        raise ValueError(f"total={total} cannot give each of {len(names)} tasks {minimum} x {quantum}")
-    ideal = [units * v / sum(values) for v in values]
-    share = [math.floor(x) for x in ideal]
-    order = sorted(range(len(names)), key=lambda i: (-(ideal[i] - share[i]), i))
-    for i in order[: units - sum(share)]:
-        share[i] += 1
-    while min(share) < minimum:
-        low, high = share.index(min(share)), share.index(max(share))
-        share[low] += 1
-        share[high] -= 1
-    return {m: s * quantum for m, s in zip(names, share)}

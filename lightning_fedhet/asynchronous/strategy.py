@@ -35,8 +35,10 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from lightning_fedhet.asynchronous.latency import Constant, as_request_latency
 from lightning_fedhet.asynchronous.module import MultiTaskModule
+from lightning_fedhet.asynchronous.pool import ClientPool, resolve_pool
 from lightning_fedhet.asynchronous.rules import FedAST, SyncST
-from lightning_fedhet.asynchronous.server import Request, Task, TaskServer
+from lightning_fedhet.asynchronous.task import Request, Task
+from lightning_fedhet.asynchronous.task_server import TaskServer
 from lightning_fedhet.data.datamodule import FederatedDataModule
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.flat import FlatModel
@@ -52,14 +54,19 @@ class FedASTStrategy(SingleDeviceStrategy):
     Args:
         rule: :class:`~lightning_fedhet.asynchronous.FedAST` (default ``FedAST()``) or
             :class:`~lightning_fedhet.asynchronous.SyncST`.
-        participation: which clients accept requests: ``participation.sample(floor(t / slot))`` at simulated
-            time ``t`` (FedAST), ``participation.sample(round)`` (Sync-ST). Default: every client.
+        pool: the client pool (:class:`~lightning_fedhet.asynchronous.CappedPool`, the paper's: uniform draws
+            over all clients, at most a fraction of them busy, requests beyond the cap skipped; or
+            :class:`~lightning_fedhet.asynchronous.AvailabilityPool`). Default: ``CappedPool(0.3)``, unless
+            ``participation`` is given.
+        participation: shorthand for ``pool=AvailabilityPool(participation, slot)``: which clients accept
+            requests, ``participation.sample(floor(t / slot))`` at simulated time ``t`` (FedAST),
+            ``participation.sample(round)`` (Sync-ST); requests wait for an available client.
         latency: request duration, one for every task or a mapping task -> model: seconds (constant), a
             :class:`~lightning_fedhet.asynchronous.Constant` or a
             :class:`~lightning_fedhet.system.ShiftedExponential` (the paper's; ``steps="scale"``:
             ``tau * s_i * (shift + Exp(mean))`` seconds).
         local_steps: ``tau_m >= 1`` local steps per request: an int or a mapping task -> int.
-        slot: seconds per availability slot (FedAST only).
+        slot: seconds per availability slot (with ``participation``; FedAST only).
         num_clients: optional check of the client count every task's datamodule must have.
         seed: seed of every draw (clients, durations, availability, each client's data order).
         engine: only ``"sequential"``; channel: only None (see the module doc).
@@ -87,6 +94,7 @@ class FedASTStrategy(SingleDeviceStrategy):
         self,
         rule: FedAST | SyncST | None = None,
         participation: Participation | None = None,
+        pool: ClientPool | None = None,
         latency: LatencySpec | dict[str, LatencySpec] = 1.0,
         local_steps: int | dict[str, int] = 1,
         slot: float = 1.0,
@@ -113,6 +121,7 @@ class FedASTStrategy(SingleDeviceStrategy):
                              "use FedHetStrategy(channel=...) with a synchronous rule")
         if participation is not None and not isinstance(participation, Participation):
             raise TypeError(f"participation must be a Participation process, got {type(participation).__name__}")
+        resolve_pool(pool, participation, slot if float(slot) > 0 else 1.0)  # both given, or a wrong type: refuse
         for name, value in (latency.items() if isinstance(latency, Mapping) else [("latency", latency)]):
             as_request_latency(value, f"latency[{name!r}]" if name != "latency" else "latency")
         for name, value in (local_steps.items() if isinstance(local_steps, Mapping) else [("", local_steps)]):
@@ -126,6 +135,7 @@ class FedASTStrategy(SingleDeviceStrategy):
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.rule = rule
         self.participation = participation
+        self.pool = pool
         self.latency = latency
         self.local_steps = local_steps
         self.slot = float(slot)
@@ -202,7 +212,7 @@ class FedASTStrategy(SingleDeviceStrategy):
         if self.num_clients is not None and self.num_clients != num_clients:
             raise ValueError(f"num_clients={self.num_clients} but the datamodules hold {num_clients} clients")
         self.server = self.rule.build(tasks, num_clients, participation=self.participation, slot=self.slot,
-                                      seed=self.seed)
+                                      seed=self.seed, pool=self.pool)
         if self._pending_state is not None:
             self.server.load_state_dict(self._pending_state)
             self._pending_state = None

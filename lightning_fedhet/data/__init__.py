@@ -2,7 +2,7 @@
 
 from lightning_fedhet.data.datamodule import FederatedDataModule, dataset_labels, split_dataset
 from lightning_fedhet.data.datasets import fashion_mnist, synthetic_leaf, to_tensor_dataset, torchvision_dataset
-from lightning_fedhet.data.partition import IID, Dirichlet, LabelSwap, Partitioner, Shards
+from lightning_fedhet.data.partition import IID, Dirichlet, FixedSizeDirichlet, LabelSwap, Partitioner, Shards
 from lightning_fedhet.data.presets import FashionMNISTFederated, SyntheticLeafFederated, TorchvisionFederated
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Partitioner",
     "IID",
     "Dirichlet",
+    "FixedSizeDirichlet",
     "Shards",
     "LabelSwap",
     "dataset_labels",

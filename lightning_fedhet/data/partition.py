@@ -2,7 +2,8 @@
 
 Every partitioner has ``split(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]``;
 the result is a list of ``num_clients`` sorted ``int64`` index arrays into the dataset. Splits are pure
-functions of ``(labels, num_clients, seed)``.
+functions of ``(labels, num_clients, seed)``. Every partitioner but :class:`FixedSizeDirichlet` gives disjoint
+parts; that one repeats the data set when the clients need more samples than it holds.
 """
 
 from __future__ import annotations
@@ -118,6 +119,79 @@ class Dirichlet(Partitioner):
             f"Dirichlet(alpha={self.alpha}) gave a client with < {self.min_samples} samples in {self.max_tries} "
             "draws; lower min_samples or num_clients, or raise alpha"
         )
+
+
+class FixedSizeDirichlet(Partitioner):
+    """Every client holds exactly ``samples_per_client`` samples, its label mix drawn from ``Dir(alpha)``.
+
+    The FedAST paper's split (Askin et al. 2024, App. C.4: "each client has 300 data points", Dirichlet
+    ``alpha = 0.1``, "repeating the train set if necessary"), following the authors' code: client after client,
+    ``p_i ~ Dirichlet(alpha * 1_C)`` over the ``C`` classes present in ``labels``; the counts ``n * p_i`` are
+    rounded to integers summing to exactly ``n = samples_per_client`` (floors, then one more for the largest
+    remainders, ties to the lower class; the code's plain ``round`` can give ``n +- 1``); each class's count is
+    taken without replacement from that class's pool, a seeded permutation of its samples. When a pool runs dry
+    it is refilled with a fresh permutation of the whole class, the samples this client already holds moved to
+    the back, so a client never holds one sample twice and every sample of a class is handed out once before any
+    is handed out again. Clients may therefore share samples (they do whenever ``N * n`` exceeds the data set).
+
+    All draws come from ``generator(seed, PARTITION, PartitionKey.FIXED_SIZE)``, one stream in client order.
+
+    Args:
+        samples_per_client: ``n >= 1``, samples per client (paper: 300).
+        alpha: concentration ``> 0`` (paper: 0.1); small values give one or two classes per client.
+
+    Raises:
+        ValueError: when a client's share of one class exceeds the samples of that class (it cannot hold them
+            without repeating a sample); lower ``samples_per_client`` or raise ``alpha``.
+    """
+
+    def __init__(self, samples_per_client: int, alpha: float) -> None:
+        self.samples_per_client = check_int(samples_per_client, "samples_per_client")
+        self.alpha = check_real(alpha, "alpha", 0.0, np.inf, low_open=True, high_open=True)
+
+    @staticmethod
+    def counts(n: int, props: np.ndarray) -> np.ndarray:
+        """Integers summing to ``n`` closest to ``n * props`` (largest remainder, ties to the lower index)."""
+        ideal = n * np.asarray(props, dtype=np.float64)
+        out = np.floor(ideal).astype(np.int64)
+        order = sorted(range(len(out)), key=lambda c: (-(ideal[c] - out[c]), c))
+        for c in order[: n - int(out.sum())]:
+            out[c] += 1
+        return out
+
+    def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+        if labels is None:
+            raise ValueError("FixedSizeDirichlet needs labels: the dataset exposes none (targets/labels)")
+        labels = _check_labels(labels)
+        num_clients = check_int(num_clients, "num_clients")
+        rng = generator(check_seed(seed), Stream.PARTITION, PartitionKey.FIXED_SIZE)
+        classes = np.unique(labels)
+        members = [np.flatnonzero(labels == c) for c in classes]
+        pools = [rng.permutation(m) for m in members]
+        n = self.samples_per_client
+        parts = []
+        for client in range(num_clients):
+            counts = self.counts(n, rng.dirichlet(np.full(len(classes), self.alpha)))
+            own = []
+            for c, k in enumerate(counts):
+                if k > len(members[c]):
+                    raise ValueError(
+                        f"client {client} needs {k} samples of class {classes[c]!r}, which has only "
+                        f"{len(members[c])}: samples_per_client={n} cannot be met without repeating a sample "
+                        f"within a client; lower samples_per_client or raise alpha (got {self.alpha:g})"
+                    )
+                taken = pools[c][:k]
+                pools[c] = pools[c][k:]
+                if len(taken) < k:  # the pool ran dry: refill it, this client's samples at the back
+                    fresh = rng.permutation(members[c])
+                    held = np.isin(fresh, taken)
+                    pools[c] = np.concatenate([fresh[~held], fresh[held]])
+                    more = pools[c][: k - len(taken)]
+                    pools[c] = pools[c][k - len(taken):]
+                    taken = np.concatenate([taken, more])
+                own.append(taken)
+            parts.append(np.sort(np.concatenate(own)).astype(np.int64))
+        return parts
 
 
 class Shards(Partitioner):

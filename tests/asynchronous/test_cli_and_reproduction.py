@@ -46,7 +46,7 @@ def test_reproduction_script_smoke(tmp_path):
         sys.path.remove(str(ROOT / "examples" / "reproduce"))
     runs = script.main([
         "--seeds", "0", "--clients", "10", "--train-size", "1000", "--val-size", "100", "--local-steps", "1",
-        "--requests", "3", "--buffer", "2", "--first-k", "2", "--targets", "0.2", "0.2", "0.2",
+        "--requests", "4", "--buffer", "2", "--first-k", "2", "--targets", "0.2", "0.2", "0.2",
         "--fedast-eval-every", "3", "--max-sim-time", "6", "--out", str(tmp_path),
     ])
     assert {r["method"] for r in runs} == set(script.METHODS)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_fedhet.asynchronous import (
+    CappedPool,
     FedAST,
     Task,
     allocation_scores,
@@ -99,11 +100,11 @@ def _linear_solver(slopes):
 
 
 def test_dynamic_reallocation_preserves_budget_and_ratio():
-    # Two tasks, R = 8 each, b = 2 (R/b = 4). Task "het" has client-dependent optima, task "homo" has the same
+    # Two tasks, R = 8 each, b = 4 (R/b = 2). Task "het" has client-dependent optima, task "homo" has the same
     # optimum on every client (zero inter-client variance once converged) -> "het" should gain requests.
     tasks = {"het": Task(torch.zeros(3), latency=1.0), "homo": Task(torch.zeros(3) + 5.0, latency=1.0)}
-    rule = FedAST(option="D", requests=8, buffer=2, server_lr=1.0, window=4, period=0.75)
-    server = rule.build(tasks, num_clients=50, seed=1)
+    rule = FedAST(option="D", requests=8, buffer=4, server_lr=1.0, window=4, period=0.75)
+    server = rule.build(tasks, num_clients=50, seed=1, pool=CappedPool(1.0))  # no skipped request
     run(server, _linear_solver({"het": 1.0, "homo": 0.0}), max_steps=120)
     done = [r for r in server.reallocations if "skipped" not in r]
     assert done, "no reallocation happened"
@@ -112,11 +113,15 @@ def test_dynamic_reallocation_preserves_budget_and_ratio():
     for r in done:
         assert sum(r["R"].values()) == 16
         for m in ("het", "homo"):
-            assert r["b"][m] == max(1, math.floor(r["R"][m] / 4 + 0.5))
-        # R_m ∝ sigma_hat_m (paper rule) up to rounding
+            # R_m / b_m = 2 held exactly (Algorithm 3 line 4): R_m in multiples of 2, b_m = R_m / 2. Slip caught:
+            # b = round(R / 2) with R in units of 1 (R = 5 gives b = 3 (R/b = 5/3), R = 1 gives b = 1 (R/b = 1))
+            assert r["R"][m] % 2 == 0 and r["b"][m] * 2 == r["R"][m]
+        # R_m ∝ sigma_hat_m (paper rule) up to one 2-request quantum (largest remainder, or the one quantum a task
+        # keeps at least when its score is ~0)
         share = r["score"]["het"] / (r["score"]["het"] + r["score"]["homo"])
-        assert abs(r["R"]["het"] - 16 * share) <= 1
-    assert done[-1]["R"]["het"] > done[-1]["R"]["homo"]
+        assert abs(r["R"]["het"] - 16 * share) <= 2
+    # on average over the reallocations (single estimates from V = 4 updates are noisy)
+    assert np.mean([r["R"]["het"] for r in done]) > 8
     # the gradual transition: in-flight counts approach the new targets by at most max_new per arrival
     last = server.history[-1]
     assert last["in_flight"] <= server.states[last["task"]].R

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fedhet import IID, FederatedDataModule
-from lightning_fedhet.asynchronous import FedAST, FedASTStrategy, MultiTaskModule, SyncST, TimeToTarget
+from lightning_fedhet.asynchronous import CappedPool, FedAST, FedASTStrategy, MultiTaskModule, SyncST, TimeToTarget
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel, ShiftedExponential
@@ -114,7 +114,8 @@ def test_resume_from_a_checkpoint_equals_uninterrupted(tmp_path):
 
 
 def test_syncst_rounds_are_epochs_and_first_k_keeps_the_fastest():
-    strategy = FedASTStrategy(SyncST(first_k=2), local_steps=1, latency=_latency(), seed=4)
+    # CappedPool(1.0): every round draws all 8 clients (the default 0.3 would draw 2)
+    strategy = FedASTStrategy(SyncST(first_k=2), local_steps=1, latency=_latency(), seed=4, pool=CappedPool(1.0))
     trainer = quiet_trainer(strategy=strategy, max_epochs=3)
     trainer.fit(_module())
     history = strategy.history

@@ -204,8 +204,53 @@ def test_small_models(name, params, shape):
     out = m(torch.randn(2, *shape))
     n_cls = 100 if name.endswith("cifar100") else 10
     assert out.shape == (2, n_cls)
-    if name == "lenet5_fmnist":  # FedAST: ReLU on the output too
-        assert (out >= 0).all()
+
+
+# every registered name, with the smallest input it takes and the kwargs that keep it small
+_ZOO_INPUTS = {
+    "ee_resnet18": ({"base_width": 8}, (3, 8, 8)),
+    "ee_resnet18_cifar10": ({"base_width": 8}, (3, 8, 8)),
+    "ee_resnet18_cifar100": ({"base_width": 8}, (3, 8, 8)),
+    "ee_resnet18_fmnist": ({"base_width": 8}, (1, 12, 12)),
+    "timm_early_exit": ({"backbone": "test_resnet", "exits": (0, 3), "num_classes": 4}, (3, 16, 16)),
+    "fedau_cnn_cifar10": ({}, (3, 32, 32)),
+    "fedau_cnn_svhn": ({}, (3, 32, 32)),
+    "fedau_cnn_cifar100": ({}, (3, 32, 32)),
+    "fedau_cnn_cinic10": ({}, (3, 32, 32)),
+    "lenet5_fmnist": ({}, (1, 28, 28)),
+    "fedast_cnn_cifar10": ({}, (3, 32, 32)),
+    "fedast_mlp_mnist": ({}, (1, 28, 28)),
+    "mnist_cnn": ({}, (1, 28, 28)),
+    "fmnist_cnn": ({}, (1, 28, 28)),
+    "logistic_regression": ({}, (60,)),
+}
+
+
+def test_zoo_inputs_cover_the_registry():
+    assert set(_ZOO_INPUTS) == set(list_models())
+
+
+@pytest.mark.parametrize("name", sorted(_ZOO_INPUTS))
+def test_every_output_is_the_raw_output_of_a_linear_layer(name):
+    # Logits must leave the model straight from a Linear layer: no ReLU (or anything else) after it. A ReLU on the
+    # logits (the FedAST authors' LeNet-5) clips negative logits to 0 and kills the gradient of a class whose
+    # logit is negative. Check: every output tensor is, element for element, the output of the last Linear call
+    # that produced a tensor of its shape, and some logit is negative on random inputs.
+    # Slip caught: an nn.ReLU / activation appended after the last Linear in any model of the zoo.
+    kwargs, shape = _ZOO_INPUTS[name]
+    torch.manual_seed(0)
+    model = create(name, **kwargs).eval()
+    linear_outputs = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: linear_outputs.append(out))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        out = model(torch.randn(4, *shape))
+    for h in hooks:
+        h.remove()
+    outputs = out if isinstance(out, (list, tuple)) else [out]
+    for logits in outputs:
+        assert any(lin.shape == logits.shape and torch.equal(lin, logits) for lin in linear_outputs), name
+        assert (logits < 0).any(), name
 
 
 def test_fedau_cnn_init():
