@@ -16,10 +16,14 @@ opening fence (it does not show on the site)::
 Use it only for snippets that need the reader's own objects, a GPU, several processes or a long run; everything
 else should run (and assert what it claims). Blocks in other languages (``bash``, ``yaml``, ``text``) never run.
 Fences may be indented (inside a list or an admonition); the indentation is removed before running.
+
+The server-rule pages (``docs/algorithms/*.md``) are also checked against the code: their "Options" table must list
+every constructor argument of the rules the page documents, with the signature's default.
 """
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import re
 import textwrap
@@ -148,3 +152,82 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         source = "\n" * block.line + block.source
         linecache.cache[where] = (len(source), None, source.splitlines(keepends=True), where)
         exec(compile(source, where, "exec"), namespace)
+
+
+# ----------------------------------------------------------------------------------------- rule pages' options
+RULE_PAGES = {
+    "algorithms/fedavg.md": ["FedAvg"],
+    "algorithms/fedvarp.md": ["FedVARP"],
+    "algorithms/mifa.md": ["MIFA"],
+    "algorithms/fedstale.md": ["FedStale"],
+    "algorithms/fedau.md": ["FedAU"],
+    "algorithms/upgapl.md": ["UPGAPL", "DMAPL", "UDMAPL"],
+    "algorithms/fednova.md": ["FedNova"],
+    "algorithms/cafed.md": ["CAFed", "AdaFed", "F3AST"],
+    "algorithms/fedacs.md": ["FedACS", "SampledFedAvg", "CAFedAvg", "OS"],
+    "algorithms/fedcis.md": ["FedCIS"],
+    "algorithms/fedast.md": ["FedAST", "SyncST"],
+}
+_NO_DEFAULT = "(required)"
+
+
+def _rule_class(name: str):
+    from lightning_fedhet import algorithms, asynchronous
+
+    return getattr(algorithms, name, None) or getattr(asynchronous, name)
+
+
+def _parameters(cls) -> dict:
+    params = inspect.signature(cls.__init__).parameters
+    return {n: p.default for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD}
+
+
+def options_rows(text: str) -> list[tuple[str | None, list[str], list[str]]]:
+    """``(rule, option names, default cells)`` of every row of the page's "## Options" table.
+
+    Tables with a leading ``rule`` column name the class in that column (empty: the row above's class)."""
+    section = text.split("## Options", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in rows[0].strip("|").split("|")]
+    has_rule = header[0] == "rule"
+    out, rule = [], None
+    for line in rows[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if has_rule:
+            rule = cells[0].strip("`") or rule
+            cells = cells[1:]
+        names = re.findall(r"`([^`]*)`", cells[0])
+        defaults = [_NO_DEFAULT] if cells[1] == _NO_DEFAULT else re.findall(r"`([^`]*)`", cells[1])
+        out.append((rule, names, defaults))
+    return out
+
+
+@pytest.mark.parametrize("page", sorted(RULE_PAGES))
+def test_rule_page_documents_every_constructor_argument_and_its_default(page: str):
+    """Each rule page's Options table names every constructor argument with the signature's default, and names
+    nothing else. Slips: an argument added to a rule but not to its page, a renamed argument, a changed default
+    (e.g. FedStale's ``weighting``) left stale on the page."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    rows = options_rows(text)
+    documented: dict[str, set[str]] = {name: set() for name in RULE_PAGES[page]}
+    single = RULE_PAGES[page][0] if len(RULE_PAGES[page]) == 1 else None
+    for rule, names, defaults in rows:
+        cls_name = rule or single
+        params = _parameters(_rule_class(cls_name))
+        for name in names:
+            assert name in params, f"{page}: {cls_name} has no argument {name!r}"
+            documented[cls_name].add(name)
+        if len(defaults) == 1 and len(names) > 1:
+            defaults = defaults * len(names)
+        if len(defaults) != len(names):
+            continue  # "as above": defaults given in an earlier row
+        for name, cell in zip(names, defaults):
+            default = params[name]
+            if cell == _NO_DEFAULT:
+                assert default is inspect.Parameter.empty, f"{page}: {cls_name}({name}) has a default {default!r}"
+            else:
+                expected = eval(cell, {"torch": torch})  # the page's literal, e.g. `"known"`, `torch.float32`
+                assert expected == default, f"{page}: {cls_name}({name}=...) default is {default!r}, page says {cell}"
+    for cls_name, names in documented.items():
+        missing = set(_parameters(_rule_class(cls_name))) - names
+        assert not missing, f"{page}: arguments of {cls_name} missing from the Options table: {sorted(missing)}"
