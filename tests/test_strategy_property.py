@@ -63,7 +63,7 @@ def test_strategy_arguments(kwargs, participation, channel):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"engine": []}, r"engine must be one of \('sequential', 'vmap'\), got \[\]"),
+        ({"engine": []}, r"engine must be one of \('sequential', 'vmap', 'auto'\), got \[\]"),
         ({"optimizer_state": np.array([])}, r"optimizer_state must be one of \('reset', 'persist'\), got array"),
     ],
     ids=["engine", "state"],
