@@ -20,7 +20,8 @@ it holds counts: the server passes a with-replacement sampler's draw counts thro
 round's clients were drawn with replacement, as in the FedACS paper's experiments). Under ``"selected"`` a selected
 client whose update is lost contributes a zero update instead of having the others renormalised, so the step
 shrinks by the lost share, as in Eq. 116a. It needs ``weighting="participating"`` (the sample counts of lost
-clients are not reported; pass ``client_weights`` proportional to ``|D_i|`` instead). ``tau_i`` is ``ClientInfo.local_steps`` (the steps the client actually ran).
+clients are not reported; pass ``client_weights`` proportional to ``|D_i|`` instead). ``tau_i`` is
+``ClientInfo.local_steps`` (the steps the client actually ran).
 
 ``||a_i||_1`` for the local solvers (FedACS paper §1.3, with the forms FedNova's paper gives):
 
