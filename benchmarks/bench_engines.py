@@ -17,7 +17,22 @@ Executors (identical clients, batches and number of optimizer steps):
 * ``flower``      Flower's simulation engine, when ``flwr[simulation]`` is installed (``pip install -e .[bench]``).
 
 Tasks: B1 = synthetic LEAF logistic regression (N=100, 20 clients/round, K=5, batch 32);
-B2 = Fashion-MNIST CNN (N=100, Dirichlet 0.5, 10 clients/round, K=5, batch 32).
+B2 = Fashion-MNIST CNN (N=100, Dirichlet 0.5, 10 clients/round, K=5, batch 32);
+C1 = Fashion-MNIST CNN (N=150, Dirichlet 0.5, 12 clients/round, K=6, batch 20), the shape of a study's CNN cell.
+
+``--executors a,b,...`` runs a subset (the ratios that need a missing executor are left out).
+
+``--seeds S`` adds many seeds in one run: ``seeds xS`` is :func:`lightning_fedhet.multiseed.fit_seeds` with ``S``
+seeds of the task (vmap cohorts of every seed stacked, ``compile`` as ``--seeds-compile``), against ``S`` separate
+``FedHetStrategy(engine="vmap")`` runs (``separate xS``: ``S`` times one run's time per round). The result is seeds x
+rounds per second of each.
+
+``--compare docs/performance.json`` compares this run's ratios with those of the newest entry of that file that
+measured the same task, and flags every ratio more than 10 % worse (``--tolerance``); the exit status is 1 when one
+is. Ratios are taken side by side within one run, so they say more than absolute times on a shared machine.
+
+``--cpu-time`` times rounds in this process's CPU time instead of wall-clock time (for a machine shared with other
+processes; Flower, which runs in other processes, is then not comparable and is left out of the ratios' meaning).
 
 Time per round is measured between the end of round 1 and the end of the last round (set-up and the first,
 warm-up round excluded; for compiled executors the first round holds the compilation, reported separately as
@@ -68,12 +83,26 @@ class Task:
     lr: float = 0.05
 
 
+TASKS = ("B1", "B2", "C1")
+#: what times the rounds: wall-clock seconds, or this process's CPU seconds (``--cpu-time``, for a shared machine:
+#: with one torch thread a run's CPU time counts its own work, not the time other processes held the cores)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = ["wall"]
+
+
+def clock() -> float:
+    return CLOCKS[_clock[0]]()
+
+
 def make_task(name: str) -> Task:
     if name == "B1":
         train, _, idx, _ = synthetic_leaf(num_clients=100, gamma=0.5, delta=0.5, seed=0)
         return Task("B1", "logistic_regression", {"in_features": 60}, train, idx, clients_per_round=20)
     train, _ = fashion_mnist()
     labels = train.tensors[1].numpy()
+    if name == "C1":
+        idx = Dirichlet(0.5).split(labels, 150, seed=0)
+        return Task("C1", "fmnist_cnn", {}, train, idx, clients_per_round=12, local_steps=6, batch_size=20)
     idx = Dirichlet(0.5).split(labels, 100, seed=0)
     return Task("B2", "fmnist_cnn", {}, train, idx, clients_per_round=10)
 
@@ -95,7 +124,7 @@ class _RoundClock(Callback):
         self.marks: list[float] = []
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self.marks.append(time.perf_counter())
+        self.marks.append(clock())
 
 
 def timed_trainer(rounds: int, clock: Callback, **kwargs) -> Trainer:
@@ -138,7 +167,7 @@ def run_lean(task: Task, rounds: int) -> float:
                 opt.step()
             total += torch.nn.utils.parameters_to_vector(params).detach() - global_vec
         global_vec = global_vec + total / len(cohort)
-        marks.append(time.perf_counter())
+        marks.append(clock())
     return per_round(marks)
 
 
@@ -200,7 +229,7 @@ def run_cohort(task: Task, rounds: int, compile: bool | str) -> tuple[float, flo
     opt = torch.optim.SGD(params, lr=task.lr)
     x_all, y_all = task.dataset.tensors
     global_vec = torch.nn.utils.parameters_to_vector(params).detach().clone()
-    start = time.perf_counter()
+    start = clock()
     marks = []
     for cohort_plan in schedule(task, rounds):
         torch.nn.utils.vector_to_parameters(global_vec.clone(), params)
@@ -210,12 +239,12 @@ def run_cohort(task: Task, rounds: int, compile: bool | str) -> tuple[float, flo
             index = torch.from_numpy(np.stack([batches[k] for _, batches in cohort_plan]))
             cohort.step((x_all[index], y_all[index]), k)
         global_vec = cohort.flat_params().mean(0)
-        marks.append(time.perf_counter())
+        marks.append(clock())
     return per_round(marks), marks[0] - start
 
 
-def run_strategy(task: Task, rounds: int, engine: str, **options) -> float:
-    torch.manual_seed(0)
+def _strategy_parts(task: Task, seed: int, engine: str, **options):
+    """The task's module, datamodule and strategy for one seed (what a single run and each stacked seed use)."""
     model = Classifier(task.model, lr=task.lr, model_kwargs=task.model_kwargs)
     model.training_step = _no_log_step.__get__(model)  # same work as the lean loop: no per-step logging
     dm = FederatedDataModule(task.dataset, task.client_indices, batch_size=task.batch_size)
@@ -224,11 +253,41 @@ def run_strategy(task: Task, rounds: int, engine: str, **options) -> float:
         participation=UniformSample(task.clients_per_round),
         local_steps=task.local_steps,
         engine=engine,
+        seed=seed,
         **options,
     )
+    return model, dm, strategy
+
+
+def run_strategy(task: Task, rounds: int, engine: str, seed: int = 0, **options) -> float:
+    torch.manual_seed(seed)
+    model, dm, strategy = _strategy_parts(task, seed, engine, **options)
     clock = _RoundClock()
     timed_trainer(rounds, clock, strategy=strategy).fit(model, datamodule=dm)
     return per_round(clock.marks)
+
+
+def run_seeds(task: Task, rounds: int, num_seeds: int, compile: bool) -> tuple[float, float]:
+    """``fit_seeds`` with ``num_seeds`` seeds of the task: (s per round of all seeds together, first round s)."""
+    from lightning_fedhet.multiseed import fit_seeds
+
+    marks: list[float] = []
+
+    def mark(module, seed, round) -> dict:
+        if seed == 0:
+            marks.append(clock())
+        return {}
+
+    start = clock()
+    options = {"compile": True} if compile else {}
+    fit_seeds(
+        lambda seed: _strategy_parts(task, seed, "vmap", **options),
+        range(num_seeds),
+        rounds,
+        eval_every=1,
+        evaluate=mark,
+    )
+    return per_round(marks), marks[0] - start
 
 
 def _no_log_step(self, batch, batch_idx):
@@ -249,7 +308,7 @@ def run_central(task: Task, rounds: int) -> float:
             opt.zero_grad()
             F.cross_entropy(model(x_all[index]), y_all[index]).backward()
             opt.step()
-        marks.append(time.perf_counter())
+        marks.append(clock())
     return per_round(marks)
 
 
@@ -339,12 +398,89 @@ def memory_table() -> list[dict]:
     return rows
 
 
+#: ratio name -> (numerator, denominator, "higher" or "lower" is better); a ratio is reported when both executors ran
+RATIOS = {
+    "sequential/lean (time)": ("sequential", "lean", "lower"),
+    "lightning/lean (time): Lightning's loop alone": ("lightning", "lean", "lower"),
+    "sequential/lightning (time): the federation's own cost": ("sequential", "lightning", "lower"),
+    "vmap/lean (time)": ("vmap", "lean", "lower"),
+    "sequential/vmap (speed-up of vmap)": ("sequential", "vmap", "higher"),
+    "vmap samples/s / central samples/s": ("central", "vmap", "higher"),
+    "cohort eager samples/s / central samples/s": ("central", "cohort eager", "higher"),
+    "cohort compiled samples/s / central samples/s": ("central", "cohort compiled", "higher"),
+    "cohort eager/cohort compiled (speed-up of compile)": ("cohort eager", "cohort compiled", "higher"),
+    "sequential/cohort compiled": ("sequential", "cohort compiled", "higher"),
+    "vmap compiled samples/s / central samples/s": ("central", "vmap compiled", "higher"),
+    "sequential/vmap compiled": ("sequential", "vmap compiled", "higher"),
+    "flower/sequential (time)": ("flower", "sequential", "higher"),
+    "flower/cohort compiled (time)": ("flower", "cohort compiled", "higher"),
+    "flower/vmap (time)": ("flower", "vmap", "higher"),
+    "flower/vmap compiled (time)": ("flower", "vmap compiled", "higher"),
+}
+
+
+def compute_ratios(times: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """The ratios whose executors ran, and which direction is better for each."""
+    ratios, better = {}, {}
+    for name, (num, den, direction) in RATIOS.items():
+        if num in times and den in times:
+            ratios[name], better[name] = times[num] / times[den], direction
+    return ratios, better
+
+
+def compare(results: dict, baseline_file: str, tolerance: float) -> list[str]:
+    """Lines flagging every ratio of ``results`` more than ``tolerance`` worse than in the newest entry of
+    ``baseline_file`` (``docs/performance.json``) that measured the same task; ``better`` says each ratio's good
+    direction (entries without it take this run's)."""
+    with open(baseline_file) as f:
+        committed = json.load(f)
+    flags, report = [], []
+    for task, now in results["tasks"].items():
+        entry, base = _newest_with(committed, task)
+        if base is None:
+            report.append(f"{task}: no committed measurement to compare with")
+            continue
+        better = {**now.get("better", {}), **base.get("better", {})}
+        for name, value in now["ratios"].items():
+            if name not in base.get("ratios", {}) or name not in better:
+                continue
+            old = base["ratios"][name]
+            change = value / old - 1 if better[name] == "higher" else old / value - 1  # < 0: worse
+            line = f"{task} {name}: {old:.3f} ({entry}) -> {value:.3f} ({change:+.0%})"
+            report.append(line)
+            if change < -tolerance:
+                flags.append("WORSE " + line)
+    print("\ncomparison with " + baseline_file)
+    for line in report:
+        print("  " + line)
+    for line in flags:
+        print(line)
+    return flags
+
+
+def _newest_with(committed: dict, task: str) -> tuple[str | None, dict | None]:
+    """The last entry (file order is oldest first) with a measurement of ``task``."""
+    found = (None, None)
+    for key, entry in committed.items():
+        runs = [entry] if "tasks" in entry else [v for v in entry.values() if isinstance(v, dict) and "tasks" in v]
+        for run in runs:
+            if task in run["tasks"] and "ratios" in run["tasks"][task]:
+                found = (key, run["tasks"][task])
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="all", choices=["B1", "B2", "all", "none"])
+    parser.add_argument("--task", default="all", help=f"one of {TASKS}, a comma-separated list, 'all' (B1,B2) or none")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--executors", default=None, help="comma-separated subset of the executors (default: all)")
+    parser.add_argument("--seeds", type=int, default=0, help="also time S seeds in one run against S separate runs")
+    parser.add_argument("--seeds-compile", action="store_true", help="compile the stacked seeds' cohort")
+    parser.add_argument("--cpu-time", action="store_true", help="time rounds in process CPU time (shared machine)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--compare", default=None, help="a performance.json to compare this run's ratios with")
+    parser.add_argument("--tolerance", type=float, default=0.10, help="flag ratios worse by more than this")
     parser.add_argument("--flower-python", default=None, help="python of an environment with flwr[simulation]")
     parser.add_argument("--memory", action="store_true", help="peak RSS of a vmap round for C = 10, 100, 1000")
     parser.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -354,13 +490,19 @@ def main() -> None:
     if args.rss_child is not None:
         rss_child(args.rss_child, args.compile, args.warm_clients)
         return
+    _clock[0] = "cpu" if args.cpu_time else "wall"
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}",
+        "command": " ".join(sys.argv),
+        "clock": _clock[0],
         "tasks": {},
     }
     strategy_compiles = "compile" in inspect.signature(FedHetStrategy.__init__).parameters
-    for name in {"all": ["B1", "B2"], "none": []}.get(args.task, [args.task]):
+    tasks = {"all": ["B1", "B2"], "none": []}.get(args.task, args.task.split(","))
+    for name in tasks:
+        if name not in TASKS:
+            raise SystemExit(f"--task must name tasks among {TASKS}, got {name!r}")
         task = make_task(name)
         runners = {
             "lean": lambda task=task: run_lean(task, args.rounds),
@@ -373,6 +515,14 @@ def main() -> None:
         }
         if strategy_compiles:
             runners["vmap compiled"] = lambda task=task: run_strategy(task, args.rounds, "vmap", compile=True)
+        if args.seeds:
+            runners["seeds"] = lambda task=task: run_seeds(task, args.rounds, args.seeds, args.seeds_compile)
+        if args.executors:
+            wanted = args.executors.split(",")
+            unknown = sorted(set(wanted) - set(runners) - {"flower"})
+            if unknown:
+                raise SystemExit(f"--executors: unknown {unknown}; known: {sorted(runners)}")
+            runners = {key: runner for key, runner in runners.items() if key in wanted}
         times, first_round = {}, {}
         for _ in range(args.repeats):
             for key, runner in runners.items():  # interleaved, so load changes hit every executor alike
@@ -381,7 +531,9 @@ def main() -> None:
                     out, first = out
                     first_round[key] = min(first_round.get(key, float("inf")), first)
                 times[key] = min(times.get(key, float("inf")), out)
-        flower = run_flower(task, args.rounds, args.flower_python)
+        flower = None
+        if args.executors is None or "flower" in args.executors.split(","):
+            flower = run_flower(task, args.rounds, args.flower_python)
         if flower is not None:
             times["flower"] = flower
         row = {
@@ -390,32 +542,23 @@ def main() -> None:
         }
         for key, first in first_round.items():
             row[key]["first_round_s"] = first
-        ratios = {
-            "sequential/lean (time)": times["sequential"] / times["lean"],
-            "lightning/lean (time): Lightning's loop alone": times["lightning"] / times["lean"],
-            "sequential/lightning (time): the federation's own cost": times["sequential"] / times["lightning"],
-            "vmap/lean (time)": times["vmap"] / times["lean"],
-            "sequential/vmap (speed-up of vmap)": times["sequential"] / times["vmap"],
-            "vmap samples/s / central samples/s": times["central"] / times["vmap"],
-            "cohort eager samples/s / central samples/s": times["central"] / times["cohort eager"],
-            "cohort compiled samples/s / central samples/s": times["central"] / times["cohort compiled"],
-            "cohort eager/cohort compiled (speed-up of compile)": times["cohort eager"] / times["cohort compiled"],
-            "sequential/cohort compiled": times["sequential"] / times["cohort compiled"],
-        }
-        if "vmap compiled" in times:
-            ratios["vmap compiled samples/s / central samples/s"] = times["central"] / times["vmap compiled"]
-            ratios["sequential/vmap compiled"] = times["sequential"] / times["vmap compiled"]
-        if "flower" in times:
-            ratios["flower/sequential (time)"] = times["flower"] / times["sequential"]
-            ratios["flower/cohort compiled (time)"] = times["flower"] / times["cohort compiled"]
-            ratios["flower/vmap (time)"] = times["flower"] / times["vmap"]
-            if "vmap compiled" in times:
-                ratios["flower/vmap compiled (time)"] = times["flower"] / times["vmap compiled"]
+        ratios, better = compute_ratios(times)
+        if "seeds" in times:
+            # seeds x rounds per second: S seeds per stacked round against one seed per round of a separate run
+            row["seeds"]["seeds_x_rounds_per_s"] = args.seeds / times["seeds"]
+            for key in ("vmap", "vmap compiled", "sequential"):
+                if key in times:
+                    row[key]["seeds_x_rounds_per_s"] = 1 / times[key]
+                    ratio = f"seeds/separate {key} (seeds x rounds per s)"
+                    ratios[ratio], better[ratio] = times[key] * args.seeds / times["seeds"], "higher"
         results["tasks"][name] = {
             "per_executor": row,
             "ratios": ratios,
+            "better": better,
             "flower": "flwr not installed" if flower is None else "ok",
         }
+        if args.seeds:
+            results["tasks"][name]["seeds"] = {"S": args.seeds, "compile": args.seeds_compile}
         print(
             f"\n{name}: {task.model}, N={len(task.client_indices)}, {task.clients_per_round} clients/round, "
             f"K={task.local_steps}, batch {task.batch_size}, {args.rounds} rounds, best of {args.repeats}"
@@ -427,7 +570,7 @@ def main() -> None:
         for key, value in ratios.items():
             print(f"  {key}: {value:.2f}")
         if flower is None:
-            print("  flower: not available (pip install -e .[bench], or --flower-python)")
+            print("  flower: not run (pip install -e .[bench], or --flower-python)")
         if not strategy_compiles:
             print("  vmap compiled: this FedHetStrategy has no compile option; the cohort rows measure the engine")
     if args.memory:
@@ -435,6 +578,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if args.compare and compare(results, args.compare, args.tolerance):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
