@@ -273,6 +273,7 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         mean, lo, hi, n = diffs[worst]
         verdicts["C2"] = (f"smallest gap: CA-Fed − {worst} = " + harness.fmt_ci(mean, lo, hi, unit=" pp")
                           + f", {n} seeds", pending or _verdict_best(diffs))
+    verdicts = {k: verdicts[k] for k in CLAIMS if k in verdicts}
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
              harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
