@@ -1,0 +1,353 @@
+"""CA-Fed under correlated Markov availability (Rodio's thesis, ch. 2, Fig. 2.1a and Fig. 2.3 at gamma = delta = 0.5).
+
+N = 100 clients of LEAF Synthetic(0.5, 0.5), multinomial logistic regression with a ridge penalty (SGD weight
+decay), each client's availability an independent two-state Markov chain in one of the thesis's four classes
+(``CAFedClasses(g=0.4, nu=0.9, eps=0.01)``: pi in {0.9, 0.1}, lambda in {0.9, ~N(0, 1e-4)}, 4 x 25 clients).
+Five server rules, every one ``w <- w + eta_s * sum_i q_i delta_i`` after K local SGD steps:
+
+- ``CA-Fed``: ``CAFed(kappa_bar_sq=1, tau=0)`` with the oracle pi and lambda (the thesis's default);
+- ``AdaFed``: every available client, ``q_i = (alpha_i/pi_i) / sum_{j available} alpha_j/pi_j``;
+- ``F3AST``: the top ``k`` available clients by ``alpha_i^2 / r_i^2``, ``q_i = alpha_i / r_i``, with the authors'
+  code's rate ``r_i = (1 - beta) pi_i + beta 1[i available]``, ``beta = 1/T``, ``k = 45`` (the thesis's number);
+- ``Unbiased``: every available client, ``q_i = alpha_i / pi_i`` (``FedAvg(weighting="known_p")``);
+- ``More available``: only the clients with pi = 0.9 (oracle class membership), ``q_i = alpha_i / pi_i``.
+
+``alpha_i = |D_i| / |D|``. The protocol (``docs/results/cafed/protocol-v1.md``) fixes the settings, the metric and
+the decision rule; every cell's configuration below is complete (``run_cell`` reads nothing else).
+
+    OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds 0-9
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import harness
+import numpy as np
+import torch
+
+from studies import _train
+
+# Thesis Table A.2 (Synthetic LEAF): local lr eta / server lr eta_s per method.
+TABLE_A2 = {
+    "CA-Fed": (2.0, 3.0),
+    "AdaFed": (1.0, 1.0),
+    "F3AST": (2.0, 2.0),
+    "Unbiased": (2.0, 2.0),
+    "More available": (1.0, 7.0),
+}
+METHODS = tuple(TABLE_A2)
+GROUPS = ("more/corr", "more/weak", "less/corr", "less/weak")  # CAFedClasses class ids 0..3
+PAPER_GAIN_ADAFED = 0.0156  # Fig. 2.1a: CA-Fed over the second best, AdaFed, on Synthetic
+PAPER_GAIN_UNBIASED = 0.012  # Fig. 2.3: best CA-Fed (kappa_bar^2 in {1, 10}) over Unbiased at gamma = delta = 0.5
+
+BASE = {
+    "data": "synthetic_leaf", "gamma": 0.5, "delta": 0.5, "num_clients": 100, "rounds": 200,
+    "local_steps": 5, "batch_size": 32, "eval_batch_size": 4096,
+    "model": "logistic_regression", "in_features": 60, "num_classes": 10, "weight_decay": 1e-2, "momentum": 0.0,
+    "lr_schedule": "constant",
+    "availability": {"process": "markov", "recipe": "CAFedClasses", "g": 0.4, "nu": 0.9, "eps": 0.01,
+                     "composition": "thesis", "shuffle": True},
+    "client_weights": "samples", "eval_every": 5, "final_window": 0.1, "engine": "vmap",
+}
+
+
+def _rule_config(method: str, rounds: int) -> dict:
+    if method == "CA-Fed":
+        return {"rule": "CAFed", "kappa_bar_sq": 1.0, "tau": 0.0, "beta": 1.0, "bias_factor": 4.0, "strict": True,
+                "loss_source": "probe", "oracle": "pi,lam"}
+    if method == "AdaFed":
+        return {"rule": "AdaFed", "pi_source": "known"}
+    if method == "F3AST":
+        return {"rule": "F3AST", "k": 45, "beta": 1.0 / rounds, "rate": "code", "oracle": "pi"}
+    if method == "Unbiased":
+        return {"rule": "FedAvg", "weighting": "known_p"}
+    if method == "More available":
+        return {"rule": "MoreAvailable", "weighting": "known_p", "keep_classes": [0, 1]}
+    raise ValueError(f"unknown method {method!r}; methods: {METHODS}")
+
+
+def make_config(method: str, lr_scale: float = 1.0, **overrides) -> dict:
+    """A cell's full configuration: :data:`BASE` + the method's rule and Table A.2 lrs (local lr x ``lr_scale``)."""
+    config = {**BASE, **overrides}
+    local_lr, server_lr = TABLE_A2[method]
+    config.update(local_lr=round(local_lr * lr_scale, 10), server_lr=server_lr, table_a2_lr=[local_lr, server_lr],
+                  local_lr_scale=lr_scale, **_rule_config(method, config["rounds"]))
+    return config
+
+
+# --------------------------------------------------------------------------------------------------------- running
+def _more_available_rule(keep: np.ndarray, server_lr: float):
+    from lightning_fedhet.algorithms import FedAvg
+
+    class MoreAvailable(FedAvg):
+        """Unbiased weights ``alpha_i / pi_i``, but only the clients in ``keep`` (the more-available class) train."""
+
+        def __init__(self) -> None:
+            super().__init__(weighting="known_p", server_lr=server_lr)
+            self.keep = torch.as_tensor(keep, dtype=torch.bool)
+
+        def select(self, round, available, rng):
+            return torch.as_tensor(available).bool() & self.keep
+
+    return MoreAvailable()
+
+
+def build_rule(config: dict, pi: np.ndarray, lam: np.ndarray, classes: np.ndarray):
+    from lightning_fedhet.algorithms import F3AST, AdaFed, CAFed, FedAvg
+
+    rule, server_lr = config["rule"], config["server_lr"]
+    if rule == "CAFed":
+        return CAFed(kappa_bar_sq=config["kappa_bar_sq"], tau=config["tau"], beta=config["beta"], pi=pi, lam=lam,
+                     bias_factor=config["bias_factor"], strict=config["strict"], loss_source=config["loss_source"],
+                     server_lr=server_lr)
+    if rule == "AdaFed":
+        return AdaFed(pi_source=config["pi_source"], server_lr=server_lr)
+    if rule == "F3AST":
+        return F3AST(k=config["k"], beta=config["beta"], rate=config["rate"], pi=pi, server_lr=server_lr)
+    if rule == "FedAvg":
+        return FedAvg(weighting=config["weighting"], server_lr=server_lr)
+    if rule == "MoreAvailable":
+        return _more_available_rule(np.isin(classes, config["keep_classes"]), server_lr)
+    raise ValueError(f"unknown rule {rule!r}")
+
+
+def run_cell(cell: harness.Cell, seed: int) -> dict:
+    """Train one (setting, method) cell for one seed; the accuracy curve and the Fig. 2.1d weight shares."""
+    from lightning_fedhet import FedHetStrategy
+    from lightning_fedhet.classifier import Classifier
+    from lightning_fedhet.data import SyntheticLeafFederated
+    from lightning_fedhet.participation import CAFedClasses, Markov
+
+    c = cell.config
+    av = c["availability"]
+    recipe = CAFedClasses(g=av["g"], nu=av["nu"], eps=av["eps"], composition=av["composition"],
+                          shuffle=av["shuffle"])
+    classes = recipe.classes(c["num_clients"], seed)
+    pi, lam = recipe.resolve(c["num_clients"], seed)  # what Markov(p=recipe) draws for the same (N, seed)
+    _train.seed_all(seed)
+    data = SyntheticLeafFederated(num_clients=c["num_clients"], gamma=c["gamma"], delta=c["delta"],
+                                  batch_size=c["batch_size"], eval_batch_size=c["eval_batch_size"], seed=seed)
+    model = Classifier(c["model"], num_classes=c["num_classes"], lr=c["local_lr"], momentum=c["momentum"],
+                       weight_decay=c["weight_decay"], model_kwargs={"in_features": c["in_features"]})
+    strategy = FedHetStrategy(algorithm=build_rule(c, pi, lam, classes), participation=Markov(p=recipe),
+                              local_steps=c["local_steps"], engine=c["engine"], client_weights=c["client_weights"],
+                              seed=seed)
+    curve = _train.fit(model, data, strategy, c["rounds"], c["eval_every"])
+    history = strategy.history
+    shares = np.zeros(len(GROUPS))
+    for h in history:
+        for client, w in h["weights"].items():
+            shares[classes[client]] += w
+    return {
+        "metrics": {
+            **_train.series(curve),
+            "trained_per_round": [len(h["local_steps"]) for h in history],
+            "available_per_round": [len(h["available"]) for h in history],
+            # Fig. 2.1d: the share of the applied aggregation weight sum_t q_i^(t) that each class received.
+            "weight_share": [round(float(x), 6) for x in shares / max(shares.sum(), 1e-300)],
+        },
+        "engine": c["engine"],
+    }
+
+
+# -------------------------------------------------------------------------------------------------------- the study
+SETTINGS = {
+    # Table A.2's server lrs; local lrs = Table A.2 x the scale the pilot (seed 100) picked (protocol v1, "Pilots").
+    "rescaled": {"CA-Fed": 0.01, "AdaFed": 0.03, "F3AST": 0.01, "Unbiased": 0.01, "More available": 0.03},
+    # The thesis's Table A.2 learning rates as printed, for the methods of claims C1 and C3.
+    "table-a2": {"CA-Fed": 1.0, "AdaFed": 1.0, "Unbiased": 1.0},
+}
+CELLS = tuple(harness.Cell(setting, m, make_config(m, scales[m])) for setting, scales in SETTINGS.items()
+              for m in METHODS if m in scales)
+
+
+def final_acc(record: dict) -> float:
+    """Mean test accuracy over the evaluations in the last ``final_window`` of the rounds (the protocol's metric)."""
+    rounds, acc = record["metrics"]["round"], record["metrics"]["val_acc"]
+    start = record["config"]["rounds"] * (1 - record["config"]["final_window"])
+    tail = [a for r, a in zip(rounds, acc) if r > start]
+    return float(np.mean(tail)) if tail else math.nan
+
+
+# ---------------------------------------------------------------------------------------------------------- report
+PRIMARY = "rescaled"
+SETTING_TEXT = {
+    "table-a2": "Table A.2's learning rates as printed (local / server)",
+    "rescaled": "Table A.2's server learning rates; local learning rates = Table A.2 x the pilot's scale",
+}
+# The claims, quoted as in protocol-v1.md (the paper's numbers, not ours).
+CLAIMS = {
+    "C1": ("CA-Fed (kappa_bar^2 = 1) beats the second best, AdaFed, on Synthetic (Fig. 2.1a)", "+1.56 pp"),
+    "C2": ("CA-Fed has the best accuracy of the five methods on Synthetic (Fig. 2.1a)", "best of 5"),
+    "C3": ("CA-Fed (kappa_bar^2 = 1 or 10) beats Unbiased at gamma = delta = 0.5 (Fig. 2.3)", "+1.2 pp"),
+}
+
+
+def _verdict_best(diffs: dict[str, tuple]) -> str:
+    """C2's rule: every paired CA-Fed - X interval above 0 -> reproduced; every mean above 0 -> direction only;
+    otherwise not reproduced (naming the methods at or above CA-Fed)."""
+    if not diffs or any(math.isnan(d[0]) for d in diffs.values()):
+        return "pending"
+    if all(d[1] > 0 for d in diffs.values()):
+        return "reproduced"
+    if all(d[0] > 0 for d in diffs.values()):
+        return "direction only"
+    return "not reproduced (" + ", ".join(m for m, d in diffs.items() if d[0] <= 0) + " at or above CA-Fed)"
+
+
+def _plot_curves(records: list[dict], settings: list[str], path: Path, title: str) -> None:
+    fig, axes = harness.new_figure(ncols=len(settings), width=5.2, height=3.8)
+    for ax, setting in zip(axes, settings):
+        for method in METHODS:
+            runs = [r for r in records if r["setting"] == setting and r["method"] == method]
+            if not runs:
+                continue
+            rounds = np.asarray(runs[0]["metrics"]["round"])
+            acc = 100 * np.asarray([r["metrics"]["val_acc"] for r in runs])
+            stats = [harness.mean_ci(acc[:, j]) for j in range(acc.shape[1])]
+            mean = np.asarray([s[0] for s in stats])
+            line, = ax.plot(rounds, mean, lw=1.3, label=f"{method} ({len(runs)})")
+            if len(runs) > 1:
+                ax.fill_between(rounds, [s[1] for s in stats], [s[2] for s in stats], color=line.get_color(),
+                                alpha=0.15, lw=0)
+        ax.set_title(f"{setting}", fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    harness.save_figure(fig, path)
+
+
+def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: int, out_name: str):
+    """The tables of one setting; returns the markdown and ``{claim: (ours text, verdict)}``."""
+    recs = [r for r in records if r["setting"] == setting]
+    methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
+    finals = {m: harness.by_seed(recs, final_acc, method=m) for m in methods}
+    last = {m: harness.by_seed(recs, lambda r: r["metrics"]["val_acc"][-1], method=m) for m in methods}
+    complete = all(len(finals[m]) >= n_seeds for m in methods)
+    rows = []
+    for m in methods:
+        runs = [r for r in recs if r["method"] == m]
+        cfg = runs[0]["config"]
+        share = np.mean([r["metrics"]["weight_share"] for r in runs], axis=0)
+        trained = np.mean([np.mean(r["metrics"]["trained_per_round"]) for r in runs])
+        available = np.mean([np.mean(r["metrics"]["available_per_round"]) for r in runs])
+        n = len(finals[m])
+        rows.append((m, f"{cfg['local_lr']:g} / {cfg['server_lr']:g}", harness.fmt_ci(*harness.mean_ci(
+            list(finals[m].values()))), harness.fmt_ci(*harness.mean_ci(list(last[m].values()))),
+            f"{trained:.1f} of {available:.1f}", ", ".join(f"{x:.2f}" for x in share),
+            f"{n}/{n_seeds}" + ("" if n >= n_seeds else " (incomplete)")))
+    text = [f"#### Setting `{setting}`: {SETTING_TEXT.get(setting, setting)}\n",
+            harness.markdown_table(("method", "lr local / server", "final acc. % (last 10 % of rounds)",
+                                    "acc. % at T", "clients trained / available per round",
+                                    "weight share more/corr, more/weak, less/corr, less/weak", "seeds"), rows)]
+    diffs, diff_rows = {}, []
+    if "CA-Fed" in methods:
+        for m in methods:
+            if m == "CA-Fed":
+                continue
+            mean, lo, hi, n = harness.paired(finals["CA-Fed"], finals[m])
+            diffs[m] = (mean, lo, hi, n)
+            common = sorted(set(finals["CA-Fed"]) & set(finals[m]))
+            wins = sum(finals["CA-Fed"][s] > finals[m][s] for s in common)
+            diff_rows.append((f"CA-Fed − {m}", harness.fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
+        text += ["\nPaired differences of the final accuracy (same seeds):\n",
+                 harness.markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds CA-Fed ahead"), diff_rows)]
+    verdicts = {}
+    pending = "pending" if not complete else None
+
+    def gain(method: str, paper: float) -> tuple[str, str]:
+        if method not in diffs:
+            return "–", "pending"
+        mean, lo, hi, n = diffs[method]
+        return (harness.fmt_ci(mean, lo, hi, unit=" pp") + f", {n} seeds",
+                pending or harness.verdict_for_gain(lo, mean, hi, paper))
+
+    verdicts["C1"] = gain("AdaFed", PAPER_GAIN_ADAFED)
+    verdicts["C3"] = gain("Unbiased", PAPER_GAIN_UNBIASED)
+    if len(diffs) == len(METHODS) - 1:
+        worst = min(diffs, key=lambda m: diffs[m][0])
+        mean, lo, hi, n = diffs[worst]
+        verdicts["C2"] = (f"smallest gap: CA-Fed − {worst} = " + harness.fmt_ci(mean, lo, hi, unit=" pp")
+                          + f", {n} seeds", pending or _verdict_best(diffs))
+    verdicts = {k: verdicts[k] for k in CLAIMS if k in verdicts}
+    claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
+    text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
+             harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
+    return "\n".join(text), verdicts
+
+
+def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
+    """``out/cafed.md`` and ``out/cafed/*.png`` from the records (every protocol version)."""
+    name = "cafed"
+    lines = [
+        "# CA-Fed under correlated availability (thesis ch. 2, Fig. 2.1a and Fig. 2.3)\n",
+        "Generated by `python scripts/reproduce.py report` from the run records in "
+        f"[`records/{name}/`](records/{name}/); do not edit. Protocol: [{name}/protocol-v1.md]({name}/protocol-v1.md) "
+        "(committed before the runs; it lists the thesis's setting beside ours with every departure).\n",
+        "## Claims (quoted in the protocol)\n",
+        harness.markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
+        "\nThe thesis reports these as curves over 10 runs and the gaps in its text; it gives no table of "
+        "accuracies.\n",
+        "## Setting (protocol v1)\n",
+        "LEAF Synthetic(0.5, 0.5), N = 100 clients, multinomial logistic regression with ridge 1e-2 (SGD weight "
+        "decay), T = 200 rounds, K = 5 local SGD steps of batch 32, alpha_i = |D_i|/|D|; availability: independent "
+        "two-state Markov chains, 4 x 25 clients with pi in {0.9, 0.1} x lambda in {0.9, N(0, 1e-4)}; every rule "
+        "gets the true pi (CA-Fed also lambda). Metric: test accuracy on the pooled per-client test splits "
+        "(= the alpha-weighted mean of the clients' accuracies), evaluated every 5 rounds; *final* = the mean "
+        "over the evaluations in the last 10 % of rounds (rounds 185-200). Intervals: 95 % Student-t over seeds; "
+        "differences are paired over the same seeds.\n",
+    ]
+    summaries: list[harness.Summary] = []
+    protocols = sorted({r["protocol"] for r in records} | {STUDY.protocol})
+    for protocol in protocols:
+        recs = [r for r in records if r["protocol"] == protocol]
+        lines.append(f"## Results, protocol {protocol}\n")
+        if not recs:
+            lines.append("No records yet: every claim is **pending**.\n")
+            summaries += [harness.Summary(f"{k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
+            continue
+        n_seeds = len(STUDY.seeds)
+        settings = [s for s in SETTINGS if any(r["setting"] == s for r in recs)]
+        for setting in settings:
+            text, verdicts = _setting_section(recs, protocol, setting, n_seeds, name)
+            lines.append(text)
+            for k, (ours, verdict) in verdicts.items():
+                label = "" if setting == PRIMARY else f" [setting {setting}]"
+                if setting == PRIMARY or k != "C2":
+                    summaries.append(harness.Summary(f"{k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
+                                                     f"{ours} ({setting})", verdict))
+        fig = f"{name}/accuracy-{protocol}.png"
+        _plot_curves(recs, settings, out / fig, f"CA-Fed study, protocol {protocol}: test accuracy, mean and "
+                     "95 % CI over seeds (n in legend)")
+        lines += [f"![test accuracy against rounds]({fig})\n",
+                  f"Compute: {harness.compute_used(recs)}.\n"]
+    lines += [
+        "## Not run\n",
+        "- The Fashion-MNIST CNN counterpart of Fig. 2.1b: not run this session (compute: a CNN over 100 clients "
+        "for 200 rounds and 5 methods x >= 5 seeds does not fit the 2-core CPU budget).\n",
+        "## Reproduce\n",
+        "```bash",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds 0-9   # the missing runs only",
+        "python scripts/reproduce.py report",
+        "```\n",
+        "## Provenance\n",
+        harness.provenance_table(records) if records else "No records.\n",
+    ]
+    (out / f"{name}.md").write_text("\n".join(lines))
+    return summaries
+
+
+STUDY = harness.Study(
+    name="cafed",
+    title="CA-Fed (thesis ch. 2)",
+    protocol="v1",
+    seeds=tuple(range(10)),
+    cells=CELLS,
+    run=run_cell,
+    report=write_report,
+    threads=1,
+)

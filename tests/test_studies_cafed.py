@@ -1,0 +1,94 @@
+"""The CA-Fed study module (scripts/studies/cafed.py): a tiny run of its cells, and its coded decision rules.
+
+No heavy training: runs use 8 clients and 2 rounds. The verdict tests feed hand-made records to the report.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import harness  # noqa: E402
+from studies import cafed  # noqa: E402
+
+TINY = {"num_clients": 8, "rounds": 2, "eval_every": 1, "local_steps": 1}
+
+
+@pytest.mark.parametrize("method", ["CA-Fed", "More available"])
+def test_a_tiny_cell_runs_and_reports_its_curve_and_weight_shares(method):
+    cell = harness.Cell("rescaled", method, cafed.make_config(method, 0.01, **TINY))
+    out = cafed.run_cell(cell, seed=3)
+    m = out["metrics"]
+    assert out["engine"] == "vmap" and m["round"] == [1, 2] and len(m["val_acc"]) == 2
+    assert all(t <= a for t, a in zip(m["trained_per_round"], m["available_per_round"]))
+    if sum(m["trained_per_round"]):
+        assert sum(m["weight_share"]) == pytest.approx(1.0, abs=1e-5)
+    if method == "More available":
+        # slip caught: keeping the wrong classes (the mask inverted) gives weight to the pi = 0.1 classes 2 and 3
+        assert m["weight_share"][2:] == [0.0, 0.0]
+
+
+def test_every_cell_config_is_complete_and_uses_table_a2():
+    for cell in cafed.CELLS:
+        c = cell.config
+        for key in ("gamma", "delta", "num_clients", "rounds", "local_steps", "batch_size", "local_lr", "server_lr",
+                    "weight_decay", "availability", "rule", "eval_every", "final_window", "engine"):
+            assert key in c, (cell, key)
+        a2_local, a2_server = cafed.TABLE_A2[cell.method]
+        assert c["server_lr"] == a2_server
+        assert c["local_lr"] == pytest.approx(a2_local * c["local_lr_scale"])
+    assert {c.method for c in cafed.CELLS if c.setting == "rescaled"} == set(cafed.METHODS)
+
+
+def _record(setting, method, seed, final, protocol="v1"):
+    # four evaluations in the last 10 % of 200 rounds, all equal to `final`
+    return {"protocol": protocol, "setting": setting, "method": method, "seed": seed, "commit": "abc", "dirty": False,
+            "engine": "vmap", "device": "cpu", "torch": "2", "wall_s": 1.0, "cpu_s": 1.0,
+            "config": {**cafed.make_config(method, 1.0), "rounds": 200, "final_window": 0.1},
+            "metrics": {"round": [100, 185, 190, 195, 200], "val_acc": [0.1] + [final] * 4,
+                        "trained_per_round": [40, 41], "available_per_round": [50, 50],
+                        "weight_share": [0.25, 0.25, 0.25, 0.25]}}
+
+
+def test_final_accuracy_is_the_mean_over_the_last_tenth_of_rounds():
+    rec = _record("rescaled", "CA-Fed", 0, 0.7)
+    rec["metrics"]["val_acc"] = [0.1, 0.6, 0.7, 0.8, 0.9]
+    assert cafed.final_acc(rec) == pytest.approx(0.75)  # rounds 185-200 only, not round 100
+
+
+def test_report_verdicts_follow_the_protocol_rules(tmp_path):
+    # CA-Fed ahead of AdaFed by 2 pp +- 0.5 (interval above 0, mean >= 1.56/2): C1 reproduced; behind Unbiased: C3
+    # not reproduced; C2 names Unbiased.
+    records = []
+    for seed in range(10):
+        jitter = 0.005 * (1 if seed % 2 else -1)
+        records += [_record("rescaled", "CA-Fed", seed, 0.72 + jitter), _record("rescaled", "AdaFed", seed, 0.70),
+                    _record("rescaled", "Unbiased", seed, 0.73), _record("rescaled", "F3AST", seed, 0.60),
+                    _record("rescaled", "More available", seed, 0.50)]
+    summaries = cafed.write_report(records, tmp_path)
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in summaries}
+    assert verdicts["C1"] == "reproduced"
+    assert verdicts["C3"] == "not reproduced"
+    assert verdicts["C2"].startswith("not reproduced (Unbiased")
+    page = (tmp_path / "cafed.md").read_text()
+    # differences 2 pp +- 0.5 pp alternating: s = 0.5 sqrt(10/9), half-width t_{0.975,9} s / sqrt(10) = 0.38 pp
+    assert "| CA-Fed − AdaFed | 2.0 pp [1.6, 2.4] | 10 | 10/10 |" in page
+
+
+def test_a_cell_short_of_seeds_is_shown_incomplete_and_its_claims_pending(tmp_path):
+    records = [_record("rescaled", m, s, 0.7) for m in cafed.METHODS for s in range(10)]
+    records = [r for r in records if not (r["method"] == "AdaFed" and r["seed"] == 9)]
+    summaries = cafed.write_report(records, tmp_path)
+    assert {s.verdict for s in summaries} == {"pending"}
+    assert "9/10 (incomplete)" in (tmp_path / "cafed.md").read_text()
+
+
+def test_best_of_five_rule():
+    up, flat = (0.01, 0.002, 0.02, 10), (0.01, -0.002, 0.02, 10)
+    assert cafed._verdict_best({"A": up, "B": up}) == "reproduced"
+    assert cafed._verdict_best({"A": up, "B": flat}) == "direction only"
+    assert cafed._verdict_best({"A": up, "B": (-0.01, -0.02, 0.0, 10)}) == "not reproduced (B at or above CA-Fed)"
+    assert cafed._verdict_best({"A": (math.nan, math.nan, math.nan, 0)}) == "pending"
