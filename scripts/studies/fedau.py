@@ -1,0 +1,315 @@
+"""FedAU (Wang & Ji, "A Lightweight Method for Tackling Unknown Participation Statistics in Federated Averaging").
+
+Table 1 of the paper on Fashion-MNIST, scaled to a 2-core CPU: the paper's CNN (its SVHN network on 1x28x28 inputs),
+the paper's data partition (per-client class proportions ``~ Dir(alpha_d)``, every class cut among the clients in
+proportion to them, as the authors' code does) and its label-correlated participation (``p_n = C mu <kappa_n, q>``,
+``q ~ Dir(alpha_p)`` per seed, floor 0.02) under its three patterns with the same stationary ``p_n``: Bernoulli,
+Markov (``markov-0.05``: at most 0.05 chance of switching on) and cyclic. Aggregation rules (all run the same local
+SGD; ``gamma`` the local and ``eta`` the global step of the paper's Table C.4.1):
+
+- ``FedAU (K=50)``: weights ``omega_n`` from the client's own past participation intervals, cut off at K;
+- ``Average participating``: ``(1/|S_t|) sum_{S_t} Delta``;
+- ``Average all``: ``(1/N) sum_{S_t} Delta`` (absent clients count as a zero update), ``eta = 10``;
+- ``Known participation statistics``: ``(1/N) sum_{S_t} Delta / p_n`` with the true stationary ``p_n``;
+- ``FedVARP``: every client's last update kept on the server (``N x d`` memory), ``1/|S_t|`` fresh weights;
+- ``MIFA``: the average of every client's latest update (``N x d`` memory).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import harness  # scripts/ is on sys.path whenever a study is loaded
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.algorithms import MIFA, FedAU, FedAvg, FedVARP
+from lightning_fedhet.classifier import Classifier
+from lightning_fedhet.data import fashion_mnist
+from lightning_fedhet.participation import Bernoulli, Cyclic, LabelCorrelated, Markov
+
+from . import _train
+
+NUM_CLASSES = 10
+METHODS = ("FedAU (K=50)", "Average participating", "Average all", "Known participation statistics", "FedVARP",
+           "MIFA")
+PATTERNS = ("bernoulli", "markov", "cyclic")
+
+
+# ------------------------------------------------------------------------------------------------------------ data
+@functools.lru_cache(maxsize=1)
+def _fmnist() -> tuple[TensorDataset, TensorDataset]:
+    return fashion_mnist()
+
+
+def _stand_in(n_train: int, n_test: int) -> tuple[TensorDataset, TensorDataset]:
+    """Random images with balanced labels, for the smoke test (no Fashion-MNIST needed)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n_train + n_test, 1, 28, 28, generator=gen)
+    y = torch.arange(n_train + n_test) % NUM_CLASSES
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+
+
+def fedau_partition(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
+                    num_classes: int = NUM_CLASSES) -> list[np.ndarray]:
+    """The FedAU authors' partition: ``L[n] ~ Dir(alpha 1_C)`` per client; class ``c``'s (shuffled) samples are cut
+    among the clients in proportions ``L[n, c] / sum_m L[m, c]`` at rounded cumulative boundaries, so every sample is
+    assigned and client sizes come out nearly equal. Redrawn (next draws of ``rng``) while a client is empty.
+    Returns ``num_clients`` sorted int64 index arrays into ``labels``."""
+    for _ in range(100):
+        weights = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in range(num_classes):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            share = weights[:, c] / weights[:, c].sum()
+            ends = np.round(len(idx) * np.cumsum(share)).astype(np.int64)
+            starts = np.concatenate([[0], ends[:-1]])
+            for n in range(num_clients):
+                parts[n].append(idx[starts[n]:ends[n]])
+        out = [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+        if min(len(o) for o in out) > 0:
+            return out
+    raise RuntimeError("could not draw a partition without empty clients")
+
+
+class RotatingChunks(Sampler):
+    """Each pass yields the next ``chunk`` indices of a seeded permutation of ``range(n)``, wrapping around.
+
+    One evaluation of the global model is one pass, so successive evaluations see disjoint test images until the
+    whole test set has been used: the accuracy averaged over the last ``k`` evaluations is measured on
+    ``k * chunk`` distinct images at the cost of ``chunk`` images per evaluation.
+    """
+
+    def __init__(self, n: int, chunk: int, seed: int) -> None:
+        if not 1 <= chunk <= n:
+            raise ValueError(f"chunk must be in [1, {n}], got {chunk}")
+        self.order = np.random.default_rng([seed, 0x7E57]).permutation(n)
+        self.chunk, self.passes = int(chunk), 0
+
+    def __len__(self) -> int:
+        return self.chunk
+
+    def __iter__(self):
+        start = self.passes * self.chunk
+        self.passes += 1
+        return iter(np.take(self.order, np.arange(start, start + self.chunk), mode="wrap").tolist())
+
+
+class ChunkedEvalData(FederatedDataModule):
+    """A :class:`FederatedDataModule` whose validation loader walks the test set in :class:`RotatingChunks`."""
+
+    def __init__(self, *args, eval_chunk: int, eval_seed: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampler = RotatingChunks(len(self.val_dataset), eval_chunk, eval_seed)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_dataset, batch_size=self.eval_batch_size, sampler=self.sampler)
+
+
+def datamodule(c: dict, seed: int) -> ChunkedEvalData:
+    """The whole training set split by :func:`fedau_partition`; evaluations walk the whole test set in chunks."""
+    n = c["num_clients"]
+    train, test = _stand_in(n * 20, 10 * c["eval_chunk"]) if c.get("synthetic_data") else _fmnist()
+    parts = fedau_partition(train.tensors[1].numpy(), n, c["alpha_d"], np.random.default_rng([seed, 0xFEDA0]))
+    return ChunkedEvalData(train, parts, batch_size=c["batch_size"], val_dataset=test, eval_batch_size=1000,
+                           seed=seed, eval_chunk=c["eval_chunk"], eval_seed=seed)
+
+
+# ----------------------------------------------------------------------------------------------- rules & processes
+def participation(c: dict):
+    """The pattern of ``c["pattern"]`` over the label-correlated stationary probabilities."""
+    recipe = LabelCorrelated(mean=c["mean_p"], floor=c["floor_p"], alpha=c["alpha_p"])
+    if c["pattern"] == "bernoulli":
+        return Bernoulli(recipe)
+    if c["pattern"] == "markov":
+        return Markov(p=recipe, max_on=c["markov_max_on"])
+    if c["pattern"] == "cyclic":
+        return Cyclic(c["cyclic_period"], recipe, offset=c["cyclic_offset"])
+    raise ValueError(f"unknown pattern {c['pattern']!r}; patterns: {PATTERNS}")
+
+
+def algorithm(method: str, c: dict):
+    eta = c["server_lr"]
+    if method == "FedAU (K=50)":
+        return FedAU(K=c["K"], server_lr=eta)
+    if method == "Average participating":
+        return FedAvg(weighting="participating", server_lr=eta)
+    if method == "Average all":
+        return FedAvg(weighting="all", server_lr=eta)
+    if method == "Known participation statistics":
+        return FedAvg(weighting="known_p", server_lr=eta)
+    if method == "FedVARP":
+        return FedVARP(weighting="participating", server_lr=eta)
+    if method == "MIFA":
+        return MIFA(server_lr=eta)
+    raise ValueError(f"unknown method {method!r}; methods: {METHODS}")
+
+
+# ------------------------------------------------------------------------------------------------------------- run
+def run_cell(cell, seed: int) -> dict:
+    """Train one (pattern, method) for one seed: test accuracy per evaluation, arrivals per round, the drawn p_n."""
+    c = cell.config
+    torch.set_num_threads(1)
+    data = datamodule(c, seed)
+    _train.seed_all(seed)
+    model = Classifier(c["model"], num_classes=NUM_CLASSES, lr=c["client_lr"],
+                       model_kwargs={"in_channels": 1, "input_size": 28})
+    if any(isinstance(m, torch.nn.modules.batchnorm._NormBase) for m in model.modules()):
+        raise RuntimeError("the study assumes a BatchNorm-free model (vmap engine = sequential engine)")
+    strategy = FedHetStrategy(algorithm=algorithm(cell.method, c), participation=participation(c),
+                              local_steps=c["local_steps"], engine=c["engine"], seed=seed)
+    curve = _train.fit(model, data, strategy, c["rounds"], c["eval_every"])
+    if data.sampler.passes != len(curve):  # each evaluation must have taken exactly one new chunk
+        raise RuntimeError(f"{data.sampler.passes} passes over the test chunks for {len(curve)} evaluations")
+    metrics = _train.series(curve)
+    metrics["received"] = [len(h["received"]) for h in strategy.history]
+    p = strategy.participation.p.numpy()
+    return {"metrics": metrics, "engine": c["engine"],
+            "config": {"p": [round(float(v), 6) for v in p], "p_at_floor": int((p <= c["floor_p"] + 1e-12).sum())}}
+
+
+# ------------------------------------------------------------------------------------------------ protocol v1 cells
+PROTOCOL = "v1"
+SEEDS = (0, 1, 2, 3, 4)
+#: The paper's Table C.4.1, SVHN column (the dataset whose CNN we use): (gamma = client lr, eta = server lr).
+LRS = {"FedAU (K=50)": (0.1, 1.0), "Average participating": (0.0562, 1.78), "Average all": (0.1, 10.0),
+       "Known participation statistics": (0.1, 1.0), "FedVARP": (0.1, 1.0), "MIFA": (0.1, 1.0)}
+BASE = {
+    "data": "fashion_mnist (all 60,000 training images; evaluation on the 10,000 test images in rotating chunks)",
+    "num_clients": 50, "alpha_d": 0.1, "mean_p": 0.1, "floor_p": 0.02, "alpha_p": 0.1, "markov_max_on": 0.05,
+    "cyclic_period": 50, "cyclic_offset": "uniform", "model": "fedau_cnn_svhn", "model_input": "1x28x28",
+    "local_steps": 5, "batch_size": 16, "local_solver": "SGD (no momentum, no weight decay)", "K": 50,
+    "rounds": 150, "eval_every": 2, "eval_chunk": 200, "metric_window_rounds": 30, "engine": "vmap",
+}
+#: (pattern, methods): the headline comparison in every pattern; MIFA where the paper reports its largest gap.
+PLAN = (("bernoulli", ("FedAU (K=50)", "Average participating")),
+        ("markov", ("FedAU (K=50)", "Average participating")),
+        ("cyclic", ("FedAU (K=50)", "Average participating", "MIFA")))
+CELLS = tuple(harness.Cell(pattern, method, {**BASE, "pattern": pattern, "client_lr": LRS[method][0],
+                                             "server_lr": LRS[method][1]})
+              for pattern, methods in PLAN for method in methods)
+
+#: Table 1, test accuracy %, FedAU (K=50) and the baseline: (SVHN, CIFAR-10) pairs per (pattern, baseline).
+PAPER = {
+    ("bernoulli", "Average participating"): ((89.6, 87.2), (77.3, 74.1)),
+    ("markov", "Average participating"): ((89.5, 87.1), (77.2, 74.2)),
+    ("cyclic", "Average participating"): ((88.8, 85.5), (76.6, 73.3)),
+    ("cyclic", "MIFA"): ((88.8, 77.4), (76.6, 70.6)),
+    ("bernoulli", "Average all"): ((89.6, 87.0), (77.3, 72.7)),
+    ("bernoulli", "Known participation statistics"): ((89.6, 88.4), (77.3, 77.0)),
+    ("bernoulli", "FedVARP"): ((89.6, 88.9), (77.3, 77.9)),
+    ("bernoulli", "MIFA"): ((89.6, 88.7), (77.3, 77.5)),
+    ("markov", "Average all"): ((89.5, 86.8), (77.2, 72.5)),
+    ("cyclic", "Average all"): ((88.8, 87.4), (76.6, 73.8)),
+    ("cyclic", "FedVARP"): ((88.8, 83.9), (76.6, 75.3)),
+}
+
+
+# --------------------------------------------------------------------------------------------------------- report
+def final_acc(r: dict) -> float:
+    """Mean test accuracy over the evaluations in the last ``metric_window_rounds`` rounds (each on its own
+    chunk of the test set)."""
+    m, c = r["metrics"], r["config"]
+    last = c["rounds"] - c["metric_window_rounds"]
+    return float(np.mean([a for k, a in zip(m["round"], m["val_acc"]) if k > last]))
+
+
+def write_report(records: list[dict], out) -> list:
+    out_dir = out / "fedau"
+    lines = [
+        "# FedAU: aggregation weights from unknown participation statistics (Fashion-MNIST, the paper's CNN)\n",
+        "Generated by `python scripts/reproduce.py report` from the records in `records/fedau/`; do not edit.\n",
+        f"Protocol: [fedau/protocol-{PROTOCOL}.md](fedau/protocol-{PROTOCOL}.md) (committed before the runs; it lists "
+        "the paper's setting beside ours, every departure and its reason).\n",
+        "## Claims (quoted from the paper)\n",
+        "Table 1 (N = 250, alpha_d = alpha_p = 0.1, min p_n = 0.02; mean test accuracy over the last 10 % of rounds, "
+        "5 seeds): FedAU has the highest accuracy against almost all baselines, including those with extra memory or "
+        "knowledge; under the cyclic pattern the stale-memory methods (FedVARP, MIFA) degrade strongly. "
+        "The paper's test accuracies (%) for the comparisons we run, FedAU (K=50) against the baseline:\n",
+        harness.markdown_table(
+            ("pattern", "baseline", "SVHN: FedAU / baseline (gain)", "CIFAR-10: FedAU / baseline (gain)"),
+            [(pat, meth, f"{sv[0]:.1f} / {sv[1]:.1f} ({sv[0] - sv[1]:+.1f} pp)",
+              f"{cf[0]:.1f} / {cf[1]:.1f} ({cf[0] - cf[1]:+.1f} pp)")
+             for pat, methods in PLAN for meth in methods[1:] for sv, cf in [PAPER[(pat, meth)]]]),
+        f"\nOurs: Fashion-MNIST, N = {BASE['num_clients']}, {BASE['rounds']} rounds, the paper's SVHN CNN on 1x28x28 "
+        f"inputs, the paper's learning rates (Table C.4.1, SVHN), cyclic period {BASE['cyclic_period']} (see the "
+        "protocol for every departure). Metric: mean test accuracy over the evaluations in the last "
+        f"{BASE['metric_window_rounds']} rounds (one every {BASE['eval_every']} rounds, each on the next "
+        f"{BASE['eval_chunk']} images of a seeded permutation of the test set, so "
+        f"{BASE['metric_window_rounds'] // BASE['eval_every'] * BASE['eval_chunk']:,} distinct images).\n",
+        "Decision rule per claim (paired over seeds, gain = acc(FedAU) - acc(baseline), paper's gain = the SVHN "
+        "column, whose CNN we use): **reproduced** when the 95 % interval of the mean gain lies above 0 and the mean "
+        "is at least half the paper's gain; **partly reproduced** when above 0 but smaller; **direction only** when "
+        "the mean is positive but the interval reaches 0; **not reproduced** when the mean gain is 0 or negative; "
+        "**pending** while a cell has fewer records than the protocol's seeds.\n",
+    ]
+    summaries = []
+    protocols = sorted({r["protocol"] for r in records} | {PROTOCOL})
+    fig, axes = harness.new_figure(ncols=len(PLAN), width=4.6, height=3.6)
+    for protocol in protocols:
+        recs = [r for r in records if r["protocol"] == protocol]
+        lines.append(f"## Results, protocol {protocol}\n")
+        for k, (pattern, methods) in enumerate(PLAN):
+            lines.append(f"### {pattern} participation\n")
+            acc = {m: harness.by_seed(recs, final_acc, setting=pattern, method=m) for m in methods}
+            complete = {m: len(acc[m]) >= len(SEEDS) for m in methods}
+            rows = []
+            for m in methods:
+                rs = [r for r in recs if r["setting"] == pattern and r["method"] == m]
+                n = f"{len(rs)}/{len(SEEDS)}" + ("" if complete[m] else " (incomplete)")
+                recv = harness.mean_ci([np.mean(r["metrics"]["received"]) for r in rs])
+                floor = harness.mean_ci([r["config"]["p_at_floor"] / r["config"]["num_clients"] for r in rs])
+                gamma, eta = (rs[0]["config"]["client_lr"], rs[0]["config"]["server_lr"]) if rs else LRS[m]
+                rows.append((m, n, f"{gamma:g} / {eta:g}", harness.fmt_ci(*harness.mean_ci(list(acc[m].values()))),
+                             harness.fmt_ci(*recv, scale=1.0), harness.fmt_ci(*floor, digits=0, unit=" %")))
+                if protocol == PROTOCOL and rs:
+                    curves = np.array([r["metrics"]["val_acc"] for r in rs])
+                    axes[k].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), label=f"{m} (n={len(rs)})")
+            lines.append(harness.markdown_table(
+                ("method", "seeds", "gamma / eta", "test accuracy % (mean [95 % CI])", "clients per round",
+                 "clients at the floor p = 0.02"), rows))
+            lines.append("\nPaired differences FedAU (K=50) - baseline (percentage points) and verdicts:\n")
+            prow = []
+            for m in methods[1:]:
+                mean, lo, hi, n = harness.paired(acc[methods[0]], acc[m])
+                (sv, _) = PAPER[(pattern, m)]
+                gain = (sv[0] - sv[1]) / 100
+                ok = complete[methods[0]] and complete[m]
+                verdict = harness.verdict_for_gain(lo, mean, hi, gain) if ok else "pending"
+                ours = harness.fmt_ci(mean, lo, hi, unit=" pp")
+                prow.append((m, n, ours, f"{100 * gain:+.1f} pp (SVHN)", f"**{verdict}**"))
+                if protocol == PROTOCOL:
+                    summaries.append(harness.Summary(
+                        f"Table 1 ({pattern}): FedAU (K=50) beats {m}", f"{100 * gain:+.1f} pp (SVHN)",
+                        f"{ours} ({n} seeds)", verdict))
+            lines.append(harness.markdown_table(("baseline", "seeds", "ours (mean [95 % CI])", "paper", "verdict"),
+                                                prow))
+            lines.append("")
+    for k, (pattern, _) in enumerate(PLAN):
+        axes[k].set(title=f"{pattern} (protocol {PROTOCOL})", xlabel="round",
+                    ylabel="test accuracy % (mean over seeds)")
+        axes[k].legend(fontsize=7)
+    harness.save_figure(fig, out_dir / "accuracy.png")
+    lines += [
+        "![test accuracy per round, mean over seeds](fedau/accuracy.png)\n",
+        f"Each point of a curve is one evaluation on a different {BASE['eval_chunk']}-image chunk of the test set, so "
+        "the curves are "
+        "noisier than a full-test-set evaluation would be; the claims use the window average.\n",
+        "## Reproduce\n",
+        "```bash",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau             # the missing (cell, seed) records",
+        "python scripts/reproduce.py report                                  # this page, from the records",
+        "```\n",
+        "## Provenance\n",
+        harness.provenance_table(records),
+        f"\nCompute: {harness.compute_used(records)}.",
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out / "fedau.md").write_text("\n".join(lines) + "\n")
+    return summaries
+
+
+STUDY = harness.Study(name="fedau", title="FedAU", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+                      report=write_report, threads=1)
