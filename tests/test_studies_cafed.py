@@ -92,3 +92,20 @@ def test_best_of_five_rule():
     assert cafed._verdict_best({"A": up, "B": flat}) == "direction only"
     assert cafed._verdict_best({"A": up, "B": (-0.01, -0.02, 0.0, 10)}) == "not reproduced (B at or above CA-Fed)"
     assert cafed._verdict_best({"A": (math.nan, math.nan, math.nan, 0)}) == "pending"
+
+
+@pytest.mark.parametrize("method", ["CA-Fed", "Unbiased"])
+def test_many_seeds_in_one_run_equal_the_seeds_run_one_at_a_time(method):
+    # The harness trains a cafed cell's seeds together (run_seeds: multiseed.fit_seeds) unless told
+    # --one-seed-at-a-time; a record must not depend on which. Slips caught: a seed reading another seed's data or
+    # class map, an evaluation taken on the wrong round's model, CA-Fed's probe losses shared between seeds.
+    cell = harness.Cell("rescaled", method, cafed.make_config(method, 0.01, **{**TINY, "rounds": 3}))
+    together = cafed.run_seeds(cell, [3, 4])
+    for seed, batched in zip([3, 4], together):
+        alone = cafed.run_cell(cell, seed)["metrics"]
+        m = batched["metrics"]
+        assert m["round"] == alone["round"] == [1, 2, 3]
+        assert m["val_acc"] == pytest.approx(alone["val_acc"], abs=1e-5)
+        assert m["trained_per_round"] == alone["trained_per_round"]
+        assert m["available_per_round"] == alone["available_per_round"]
+        assert m["weight_share"] == pytest.approx(alone["weight_share"], abs=1e-5)

@@ -60,6 +60,12 @@ def fit(model, datamodule, strategy, rounds: int, eval_every: int, names: tuple[
     return curve.curve
 
 
+def eval_trainer() -> Trainer:
+    """A quiet ``Trainer`` for ``validate`` alone (no logger, progress bar or checkpoints)."""
+    quiet()
+    return Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+
+
 def series(curve: list[tuple[int, dict[str, float]]]) -> dict[str, list[float]]:
     """``{"round": [...], name: [...]}`` from a curve, for a record's ``metrics``."""
     out: dict[str, list[float]] = {"round": [r for r, _ in curve]}

@@ -113,8 +113,8 @@ def build_rule(config: dict, pi: np.ndarray, lam: np.ndarray, classes: np.ndarra
     raise ValueError(f"unknown rule {rule!r}")
 
 
-def run_cell(cell: harness.Cell, seed: int) -> dict:
-    """Train one (setting, method) cell for one seed; the accuracy curve and the Fig. 2.1d weight shares."""
+def _build(cell: harness.Cell, seed: int):
+    """``(model, datamodule, strategy, classes)`` of one seed, exactly as its run makes them (after seeding)."""
     from lightning_fedhet import FedHetStrategy
     from lightning_fedhet.classifier import Classifier
     from lightning_fedhet.data import SyntheticLeafFederated
@@ -134,8 +134,11 @@ def run_cell(cell: harness.Cell, seed: int) -> dict:
     strategy = FedHetStrategy(algorithm=build_rule(c, pi, lam, classes), participation=Markov(p=recipe),
                               local_steps=c["local_steps"], engine=c["engine"], client_weights=c["client_weights"],
                               seed=seed)
-    curve = _train.fit(model, data, strategy, c["rounds"], c["eval_every"])
-    history = strategy.history
+    return model, data, strategy, classes
+
+
+def _result(curve, history: list[dict], classes: np.ndarray, engine: str) -> dict:
+    """A run's record fields from its evaluation curve and round history."""
     shares = np.zeros(len(GROUPS))
     for h in history:
         for client, w in h["weights"].items():
@@ -148,8 +151,43 @@ def run_cell(cell: harness.Cell, seed: int) -> dict:
             # Fig. 2.1d: the share of the applied aggregation weight sum_t q_i^(t) that each class received.
             "weight_share": [round(float(x), 6) for x in shares / max(shares.sum(), 1e-300)],
         },
-        "engine": c["engine"],
+        "engine": engine,
     }
+
+
+def run_cell(cell: harness.Cell, seed: int) -> dict:
+    """Train one (setting, method) cell for one seed; the accuracy curve and the Fig. 2.1d weight shares."""
+    model, data, strategy, classes = _build(cell, seed)
+    curve = _train.fit(model, data, strategy, cell.config["rounds"], cell.config["eval_every"])
+    return _result(curve, strategy.history, classes, cell.config["engine"])
+
+
+def run_seeds(cell: harness.Cell, seeds) -> list[dict]:
+    """Every seed of ``seeds`` at once (:func:`lightning_fedhet.multiseed.fit_seeds`: their cohorts stacked in one
+    vmap per round); each seed's result equals :func:`run_cell`'s for that seed (the engine contract; checked on a
+    small cell in ``tests/test_studies_cafed.py``). Only for cells whose engine is ``"vmap"``."""
+    from lightning_fedhet.multiseed import fit_seeds
+
+    c = cell.config
+    if c["engine"] != "vmap":
+        return [run_cell(cell, seed) for seed in seeds]
+    built: dict[int, tuple] = {}
+
+    def build(seed: int):
+        built[seed] = _build(cell, seed)  # seeds itself again: fit_seeds' seed_everything is the same call
+        return built[seed][:3]
+
+    def evaluate(module, seed: int, round: int) -> dict:
+        trainer = _train.eval_trainer()
+        return trainer.validate(module, datamodule=built[seed][1], verbose=False)[0]
+
+    _train.quiet()
+    runs = fit_seeds(build, list(seeds), c["rounds"], eval_every=c["eval_every"], evaluate=evaluate)
+    out = []
+    for run in runs:
+        curve = [(r, {"val_acc": float(m["val_acc"])}) for r, m in run.evals]
+        out.append(_result(curve, run.history, built[run.seed][3], "vmap x seeds (multiseed.fit_seeds)"))
+    return out
 
 
 # -------------------------------------------------------------------------------------------------------- the study
@@ -348,6 +386,7 @@ STUDY = harness.Study(
     seeds=tuple(range(10)),
     cells=CELLS,
     run=run_cell,
+    run_seeds=run_seeds,
     report=write_report,
     threads=1,
 )
