@@ -1,0 +1,471 @@
+"""FedAST (Askin et al., UAI 2024): simulated time until every task of a heterogeneous set reaches its target,
+FedAST (dynamic D, static S) against synchronous simultaneous training with first-k (Sync-ST).
+
+The paper's heterogeneous experiment (§5.2, Figs. 6-7; App. D.6) at CPU scale, on the library's framework-free
+core (:class:`~lightning_fedhet.asynchronous.FedASTServer`, :class:`~lightning_fedhet.asynchronous.SyncSTServer`
+driven by :func:`~lightning_fedhet.asynchronous.run_on_grid` with a plain SGD solver, no Lightning loop):
+
+- the paper's client pool (:class:`~lightning_fedhet.asynchronous.CappedPool`): every FedAST request draws its
+  client uniformly from all ``N``; beyond 30 % distinct busy clients a request to an idle client is skipped and
+  made up at the task's next arrival; a busy client queues requests first come, first served; a Sync-ST round
+  takes 30 % of the clients and splits them across the tasks still training;
+- the paper's data split for the image tasks: every client holds exactly 300 samples with a ``Dir(0.1)`` label
+  mix (:class:`~lightning_fedhet.data.FixedSizeDirichlet`); ``tau = 27`` local steps = 3 epochs of 9 batches of 32;
+- the paper's latency: one shifted-exponential draw per request times ``tau``, speed groups 1.3 / 1 / 0.7;
+- one fixed grid of simulated times for every method: each task is evaluated on its full test set at
+  ``every, 2 every, ...`` seconds, on the model after every server step taken by then; a task stops at the first
+  grid time its accuracy reaches its target (its requests or clients go to the other tasks).
+
+Two protocols share this module: ``pilot`` (the server learning-rate grid and the plateau that fixes the targets,
+seeds 100-101, never reported as results) and ``v1`` (the reported runs, seeds 0-2). Pilots run with
+``python scripts/studies/fedast.py pilot``; the reported runs with ``python scripts/reproduce.py run fedast``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # `python scripts/studies/fedast.py pilot`: the harness lives one folder up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import harness  # noqa: E402  (scripts/ is on sys.path whenever a study is loaded)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from lightning_fedhet.model_zoo import create  # noqa: E402
+from torch import nn  # noqa: E402
+
+from lightning_fedhet.asynchronous import CappedPool, FedAST, SyncST, Task, run_on_grid  # noqa: E402
+from lightning_fedhet.data import FixedSizeDirichlet, fashion_mnist, synthetic_leaf  # noqa: E402
+from lightning_fedhet.system import ShiftedExponential  # noqa: E402
+
+TASKS = ("fmnist_lenet", "fmnist_mlp", "synthetic_logreg")
+METHODS = ("FedAST(D)", "FedAST(S)", "Sync-ST first-k")
+
+
+# ------------------------------------------------------------------------------------------------------------ data
+@functools.lru_cache(maxsize=1)
+def _fmnist():
+    return fashion_mnist()
+
+
+@functools.lru_cache(maxsize=2)
+def _synthetic(num_clients: int, seed: int):
+    return synthetic_leaf(num_clients, 0.5, 0.5, seed=seed)
+
+
+def task_data(c: dict, task: str, seed: int) -> dict:
+    """``{"x": [n, ...], "y": [n], "clients": [index arrays], "test_x", "test_y"}`` for one task and seed.
+
+    The two image tasks split Fashion-MNIST's 60,000 training images with ``FixedSizeDirichlet(300, 0.1)``, each
+    with its own partition seed (two tasks are two data sets a client holds); the synthetic task is LEAF's
+    Synthetic(0.5, 0.5) with its natural per-client sizes. Test sets: the full 10,000 Fashion-MNIST test images,
+    the union of the synthetic clients' test samples.
+    """
+    n = c["num_clients"]
+    if task == "synthetic_logreg":
+        train, test, idx, _ = _synthetic(n, seed)
+        x, y = train.tensors
+        tx, ty = test.tensors
+        clients = [np.asarray(i, dtype=np.int64) for i in idx]
+    else:
+        train, test = _fmnist()
+        x, y = train.tensors
+        tx, ty = test.tensors
+        part_seed = 1000 * seed + TASKS.index(task)
+        clients = FixedSizeDirichlet(c["samples_per_client"], c["alpha"]).split(y.numpy(), n, part_seed)
+    return {"x": x, "y": y, "clients": clients, "test_x": tx, "test_y": ty}
+
+
+def make_model(c: dict, task: str, seed: int) -> nn.Module:
+    """The task's network, initialised from ``(seed, task)`` only, so every method starts from the same model."""
+    torch.manual_seed(10_000 * seed + TASKS.index(task))
+    spec = c["tasks"][task]
+    return create(spec["model"], num_classes=10, **spec.get("model_kwargs", {}))
+
+
+def load(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy the flat vector ``flat`` into ``params`` (``nn.utils.vector_to_parameters`` would make them views of
+    ``flat``, and the in-place SGD steps would then change the server's model)."""
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset: offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def batch_order(size: int, batch: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """``steps`` mini-batches of ``batch`` positions in ``[0, size)``: successive shuffled epochs, each cut to whole
+    batches (``drop_last``). 300 samples, batch 32, 27 steps: exactly 3 epochs of 9 batches. ``[steps, batch]``."""
+    per_epoch = size // batch
+    if per_epoch < 1:
+        raise ValueError(f"a client holds {size} samples, fewer than one batch of {batch}")
+    epochs = math.ceil(steps / per_epoch)
+    order = np.concatenate([rng.permutation(size)[: per_epoch * batch] for _ in range(epochs)])
+    return order[: steps * batch].reshape(steps, batch)
+
+
+class LocalSolver:
+    """Algorithm 1 (LocalTrain) for one task: ``tau`` plain SGD steps (no momentum, L2 weight decay in the
+    gradient) from the parameters sent, on the request's client's data; the server gets ``w_local``.
+
+    The mini-batches of a request are a pure function of ``(seed, task, data_key, client)``.
+    """
+
+    def __init__(self, model: nn.Module, data: dict, task_index: int, seed: int, lr: float, weight_decay: float,
+                 batch: int, steps: int) -> None:
+        self.model, self.data, self.seed, self.task_index = model, data, seed, task_index
+        self.lr, self.weight_decay, self.batch, self.steps = lr, weight_decay, batch, steps
+        self.params = [p for p in model.parameters()]
+
+    def __call__(self, request, sent: torch.Tensor) -> torch.Tensor:
+        load(self.params, sent)
+        own = self.data["clients"][request.client]
+        rng = np.random.default_rng([self.seed, self.task_index, request.data_key, request.client])
+        for positions in batch_order(len(own), self.batch, self.steps, rng):
+            idx = torch.from_numpy(own[positions])
+            loss = F.cross_entropy(self.model(self.data["x"][idx]), self.data["y"][idx])
+            grads = torch.autograd.grad(loss, self.params)
+            with torch.no_grad():
+                for p, g in zip(self.params, grads):
+                    p.sub_(self.lr * (g + self.weight_decay * p))
+        return nn.utils.parameters_to_vector(self.params).detach().clone()
+
+
+def accuracy(model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 2500) -> float:
+    """Test accuracy of ``params`` (flat ``[d]``) on ``(x, y)``."""
+    load(list(model.parameters()), params)
+    correct = 0
+    with torch.no_grad():
+        for s in range(0, len(y), chunk):
+            correct += int((model(x[s: s + chunk]).argmax(1) == y[s: s + chunk]).sum())
+    return correct / len(y)
+
+
+def make_rule(c: dict):
+    if c["method"].startswith("FedAST"):
+        return FedAST(option=c["option"], requests=c["requests"], buffer=c["buffer"], server_lr=c["server_lr"])
+    return SyncST(first_k=c["first_k"], server_lr=c["server_lr"])
+
+
+# ------------------------------------------------------------------------------------------------------------- run
+def run_cell(cell, seed: int) -> dict:
+    """One method, one seed: the accuracy of every task on the grid, and each task's time to target."""
+    c = cell.config
+    torch.set_num_threads(1)
+    sync = not c["method"].startswith("FedAST")
+    models, solvers, tasks, data = {}, {}, {}, {}
+    for i, name in enumerate(TASKS):
+        spec = c["tasks"][name]
+        data[name] = task_data(c, name, seed)
+        models[name] = make_model(c, name, seed)
+        lr = spec["client_lr_sync" if sync else "client_lr"]
+        solvers[name] = LocalSolver(models[name], data[name], i, seed, lr, spec["weight_decay"], spec["batch"],
+                                    c["local_steps"])
+        latency = ShiftedExponential(shift=0.5 * spec["step_time"], mean=spec["step_time"])
+        tasks[name] = Task(nn.utils.parameters_to_vector(models[name].parameters()).detach().clone(),
+                           local_steps=c["local_steps"], latency=latency, client_lr=lr)
+    server = make_rule(c).build(tasks, c["num_clients"], pool=CappedPool(c["busy_fraction"]), seed=seed)
+    evaluate = lambda task, params: accuracy(models[task], params, data[task]["test_x"],  # noqa: E731
+                                             data[task]["test_y"])
+    local = lambda request, sent: solvers[request.task](request, sent)  # noqa: E731
+    out = run_on_grid(server, local, evaluate, every=c["eval_every"], horizon=c["horizon"],
+                      targets=c.get("targets"))
+    history = server.history
+    metrics = {
+        "grid": out["grid"],
+        "acc": {t: [None if v is None else round(v, 4) for v in out["values"][t]] for t in TASKS},
+        "time_to_target": out["time_to_target"],
+        "server_steps": {t: sum(h["task"] == t for h in history) for t in TASKS},
+        "updates": {t: sum(len(h["requests"]) for h in history if h["task"] == t) for t in TASKS},
+        "mean_staleness": float(np.mean([s for h in history for s in h["staleness"]])) if history else 0.0,
+        "skipped": dict(getattr(server, "skipped", {})),
+        "clock": float(server.clock),
+    }
+    return {"metrics": metrics, "engine": "framework-free core (run_on_grid), sequential"}
+
+
+# -------------------------------------------------------------------------------------------------------- settings
+#: Per task: the network, the client solver and the latency factor c_m (seconds per local step; the request takes
+#: tau * s_i * (0.5 c_m + Exp(c_m))).
+TASK_SPECS = {
+    "fmnist_lenet": {"model": "lenet5_fmnist", "client_lr": 0.06, "client_lr_sync": 0.06, "weight_decay": 3e-4,
+                     "batch": 32, "step_time": 0.240, "paper": "Fashion-MNIST LeNet-5 (target 82 %)"},
+    "fmnist_mlp": {"model": "fedast_mlp_mnist", "client_lr": 0.1, "client_lr_sync": 0.2, "weight_decay": 3e-4,
+                   "batch": 32, "step_time": 0.148, "paper": "MNIST MLP 784-200-200-10 (target 93 %)"},
+    "synthetic_logreg": {"model": "logistic_regression", "model_kwargs": {"in_features": 60}, "client_lr": 0.05,
+                         "client_lr_sync": 0.05, "weight_decay": 3e-4, "batch": 32, "step_time": 0.555,
+                         "paper": "Shakespeare LSTM (target 42 %), the paper's naturally split task"},
+}
+BASE = {
+    "num_clients": 500, "busy_fraction": 0.3, "samples_per_client": 300, "alpha": 0.1, "local_steps": 27,
+    "tasks": TASK_SPECS, "eval_every": 10.0,
+}
+FEDAST = {"requests": 64, "buffer": 2}
+SYNC = {"first_k": 20}
+
+
+def method_config(method: str, server_lr: float) -> dict:
+    if method == "Sync-ST first-k":
+        return {"method": method, "server_lr": server_lr, **SYNC}
+    return {"method": method, "option": method[-2], "server_lr": server_lr, **FEDAST}
+
+
+# Pilot protocol: the server learning-rate grid on seed 100 (no targets, fixed horizon), then the chosen rates on
+# seed 101; the targets are a fraction of the best method's plateau over both pilot seeds (protocol-pilot.md).
+PILOT_SEEDS = (100, 101)
+PILOT_HORIZON = 400.0
+LR_GRID = {"FedAST(D)": (0.05, 0.1, 0.2), "FedAST(S)": (0.05, 0.1, 0.2), "Sync-ST first-k": (0.5, 1.0, 1.5)}
+TARGET_FRACTION = 0.95
+PLATEAU_WINDOW = 0.25  # the plateau: mean accuracy over the last quarter of the pilot's grid
+
+
+def pilot_cells() -> tuple[harness.Cell, ...]:
+    return tuple(harness.Cell(f"lr={lr:g}", m, {**BASE, **method_config(m, lr), "horizon": PILOT_HORIZON})
+                 for m, grid in LR_GRID.items() for lr in grid)
+
+
+PILOT = harness.Study(name="fedast", title="FedAST (pilot)", protocol="pilot", seeds=PILOT_SEEDS,
+                      cells=pilot_cells(), run=run_cell, report=lambda records, out: [], threads=1)
+
+
+
+# ------------------------------------------------------------------------------------------------ pilot decisions
+def auc(r: dict) -> float:
+    """The pilots' learning-rate criterion: mean over tasks of the mean test accuracy over the grid."""
+    return float(np.mean([np.mean([v for v in r["metrics"]["acc"][t] if v is not None]) for t in TASKS]))
+
+
+def plateau(r: dict, task: str) -> float:
+    """Mean test accuracy of ``task`` over the last ``PLATEAU_WINDOW`` of the pilot's grid."""
+    grid, acc = r["metrics"]["grid"], r["metrics"]["acc"][task]
+    start = grid[-1] * (1 - PLATEAU_WINDOW)
+    return float(np.mean([a for g, a in zip(grid, acc) if g > start and a is not None]))
+
+
+def pilot_decisions(records: list[dict]) -> dict:
+    """The pilot protocol's rules applied to the pilot records: ``{"lr": {method: eta_s}, "plateau": {task:
+    {method: value}}, "targets": {task: value}}``; entries are missing while their pilots are."""
+    pilots = [r for r in records if r["protocol"] == "pilot"]
+    lr: dict[str, float] = {}
+    for method in ("FedAST(S)", "Sync-ST first-k"):
+        scored = {r["config"]["server_lr"]: auc(r) for r in pilots if r["method"] == method and r["seed"] == 100}
+        if len(scored) == len(LR_GRID[method]):
+            lr[method] = max(scored, key=lambda k: (scored[k], -k))
+    if "FedAST(S)" in lr:
+        lr["FedAST(D)"] = lr["FedAST(S)"]
+    plateaus: dict[str, dict[str, float]] = {t: {} for t in TASKS}
+    for method, rate in lr.items():
+        runs = [r for r in pilots if r["method"] == method and r["config"]["server_lr"] == rate]
+        if sorted(r["seed"] for r in runs) == list(PILOT_SEEDS):
+            for t in TASKS:
+                plateaus[t][method] = float(np.mean([plateau(r, t) for r in runs]))
+    targets = {t: math.floor(1000 * TARGET_FRACTION * max(p.values())) / 1000 for t, p in plateaus.items()
+               if len(p) == len(METHODS)}
+    return {"lr": lr, "plateau": plateaus, "targets": targets}
+
+
+# --------------------------------------------------------------------------------------------------------- report
+def last_time(r: dict) -> tuple[float, bool]:
+    """Time at which the last task reached its target, and whether that is censored at the horizon."""
+    times = r["metrics"]["time_to_target"]
+    if any(v is None for v in times.values()):
+        return r["config"]["horizon"], True
+    return float(max(times.values())), False
+
+
+def task_time(r: dict, task: str) -> tuple[float, bool]:
+    v = r["metrics"]["time_to_target"][task]
+    return (r["config"]["horizon"], True) if v is None else (float(v), False)
+
+
+def _pilot_section(records: list[dict], out_dir: Path) -> list[str]:
+    pilots = [r for r in records if r["protocol"] == "pilot"]
+    lines = ["## Pilots (seeds 100-101, not results)\n",
+             "Run under [fedast/protocol-pilot.md](fedast/protocol-pilot.md), which fixed the rules below before "
+             f"any pilot: the server learning rate with the highest mean accuracy over the {PILOT_HORIZON:g}-second "
+             "grid (mean over tasks) on seed 100; targets at "
+             f"{TARGET_FRACTION:g} x the best method's plateau (mean accuracy over the last "
+             f"{100 * PLATEAU_WINDOW:g} % of the grid, seeds 100 and 101).\n"]
+    if not pilots:
+        return lines + ["No pilot records yet.\n"]
+    rows = [(r["method"], f"{r['config']['server_lr']:g}", r["seed"], f"{100 * auc(r):.1f}",
+             *(f"{100 * plateau(r, t):.1f}" for t in TASKS))
+            for r in sorted(pilots, key=lambda r: (r["method"], r["config"]["server_lr"], r["seed"]))]
+    lines.append(harness.markdown_table(("method", "eta_s", "seed", "mean acc over grid %",
+                                         *(f"plateau {t} %" for t in TASKS)), rows))
+    d = pilot_decisions(records)
+    chosen = ", ".join(f"{m}: {v:g}" for m, v in d["lr"].items()) or "pending"
+    lines.append(f"\nChosen server learning rates: {chosen}.\n")
+    if d["targets"]:
+        rows = [(t, *(f"{100 * d['plateau'][t][m]:.1f}" for m in METHODS), f"{100 * d['targets'][t]:.1f}")
+                for t in TASKS if t in d["targets"]]
+        lines.append(harness.markdown_table(("task", *(f"plateau {m} %" for m in METHODS), "target %"), rows))
+        same = d["targets"] == TARGETS and d["lr"] == CHOSEN_LR
+        lines.append(f"\nProtocol v1 uses these learning rates and targets: **{'yes' if same else 'no'}**.\n")
+    fig, axes = harness.new_figure(ncols=len(TASKS), width=4.2, height=3.2)
+    for ax, t in zip(axes, TASKS):
+        for r in pilots:
+            if r["seed"] == 100:
+                ax.plot(r["metrics"]["grid"], [100 * (a or 0) for a in r["metrics"]["acc"][t]], lw=0.9,
+                        label=f"{r['method']} {r['config']['server_lr']:g}")
+        ax.set(title=f"{t}, pilot seed 100", xlabel="simulated seconds", ylabel="test accuracy %")
+    axes[0].legend(fontsize=6)
+    harness.save_figure(fig, out_dir / "pilots.png")
+    return lines + ["![pilot accuracy curves](fedast/pilots.png)\n"]
+
+
+def write_report(records: list[dict], out: Path) -> list:
+    out_dir = out / "fedast"
+    B = BASE
+    lines = [
+        "# FedAST: time to train three different models at once, against Sync-ST with first-k\n",
+        "Generated by `python scripts/reproduce.py report` from the records in `records/fedast/`; do not edit.\n",
+        "Protocols: [pilot](fedast/protocol-pilot.md) (learning rates and targets) and "
+        f"[{PROTOCOL}](fedast/protocol-{PROTOCOL}.md) (the reported runs), each committed before its runs; they "
+        "list the paper's setting beside ours, every departure and its reason.\n",
+        "## Claims (quoted from the paper)\n",
+        f"- **H1** (§5.2, Fig. 7, heterogeneous tasks, FedAST(D) against tuned Sync-ST with first-k): \"FedAST "
+        f"provides a {100 * PAPER_GAIN_SYNC:.1f}% time gain over Sync-ST\", comparing the times at which the last "
+        "task reaches its target.",
+        f"- **H2** (App. D.6): \"Dynamic allocation reduces overall training time by up to "
+        f"{100 * PAPER_GAIN_DYNAMIC:.1f}%\" (FedAST(D) against FedAST(S) with a uniform allocation).\n",
+        f"Ours: {len(TASKS)} tasks trained at once on N = {B['num_clients']} clients with the paper's client pool "
+        f"(30 % busy cap, skipped requests, FIFO queues), 300 samples per client with Dir(0.1) labels for the image "
+        f"tasks, tau = {B['local_steps']}, R_m = {FEDAST['requests']} and b_m = {FEDAST['buffer']} (R/b = 32 as in "
+        f"the paper), Sync-ST first k = {SYNC['first_k']} of 50; every task evaluated on its full test set every "
+        f"{B['eval_every']:g} simulated seconds, stopped at its target. Gain per seed: "
+        "`(T_baseline - T_method) / T_baseline` of the last task's time; mean and 95 % Student-t interval over the "
+        "paired seeds.\n",
+        "Decision rule per claim: **reproduced** when the interval of the gain lies above 0 and its mean is at "
+        "least half the paper's; **partly reproduced** when above 0 but smaller; **direction only** when the mean "
+        "is positive but the interval reaches 0; **not reproduced** when the mean gain is 0 or negative. A run "
+        "whose task never reached its target counts at the horizon (marked `>`), which understates that run's "
+        "time.\n",
+    ]
+    lines += _pilot_section(records, out_dir)
+    summaries = []
+    recs = [r for r in records if r["protocol"] == PROTOCOL]
+    lines.append(f"## Results, protocol {PROTOCOL}\n")
+    if not CELLS:
+        lines.append("Protocol v1 is written after the pilots; no reported run yet.\n")
+        summaries = [harness.Summary("H1 Fig. 7: FedAST(D) vs Sync-ST, last task's time",
+                                     f"+{100 * PAPER_GAIN_SYNC:.1f} %", "–", "pending"),
+                     harness.Summary("H2 App. D.6: FedAST(D) vs FedAST(S)",
+                                     f"up to +{100 * PAPER_GAIN_DYNAMIC:.1f} %", "–", "pending")]
+    else:
+        lines += _results_section(recs, out_dir, summaries)
+    lines += [
+        "## Reproduce\n",
+        "```bash",
+        "OMP_NUM_THREADS=1 python scripts/studies/fedast.py pilot      # the pilot records (seeds 100-101)",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedast      # the missing reported (method, seed) records",
+        "python scripts/reproduce.py report                            # this page, from the records",
+        "```\n",
+        "## Provenance\n",
+        harness.provenance_table(records),
+        f"\nCompute: {harness.compute_used(records)}.",
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out / "fedast.md").write_text("\n".join(lines) + "\n")
+    return summaries
+
+
+def _fmt_time(values: list[tuple[float, bool]]) -> str:
+    censored = sum(c for _, c in values)
+    m, lo, hi = harness.mean_ci([v for v, _ in values])
+    text = harness.fmt_ci(m, lo, hi, scale=1.0, digits=0, unit=" s")
+    return (">" if censored else "") + text + (f" ({censored} censored)" if censored else "")
+
+
+def _results_section(recs: list[dict], out_dir: Path, summaries: list) -> list[str]:
+    lines = ["Targets (from the pilots): " + ", ".join(f"{t} {100 * v:.1f} %" for t, v in TARGETS.items())
+             + "; server learning rates: " + ", ".join(f"{m} {v:g}" for m, v in CHOSEN_LR.items())
+             + f"; horizon {HORIZON:g} s.\n"]
+    rows = []
+    for m in METHODS:
+        rs = [r for r in recs if r["method"] == m]
+        n = f"{len(rs)}/{len(SEEDS)}"
+        if not rs:
+            rows.append((m, n, *("–" for _ in TASKS), "–", "–"))
+            continue
+        rows.append((m, n, *(_fmt_time([task_time(r, t) for r in rs]) for t in TASKS),
+                     _fmt_time([last_time(r) for r in rs]),
+                     f"{np.mean([sum(r['metrics']['updates'].values()) for r in rs]):.0f}"))
+    lines.append("Simulated seconds to target (mean [95 % CI] over seeds):\n")
+    lines.append(harness.markdown_table(("method", "seeds", *TASKS, "last task", "local updates trained"), rows))
+    last = {m: {r["seed"]: last_time(r)[0] for r in recs if r["method"] == m} for m in METHODS}
+    prow = []
+    for cid, a, b, paper, where in CLAIMS:
+        common = sorted(set(last[a]) & set(last[b]))
+        gains = {s: (last[b][s] - last[a][s]) / last[b][s] for s in common}
+        mean, lo, hi = harness.mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
+        complete = all(len(last[m]) >= len(SEEDS) for m in (a, b))
+        verdict = harness.verdict_for_gain(lo, mean, hi, paper) if complete else "pending"
+        ours = harness.fmt_ci(mean, lo, hi, unit=" %")
+        per_seed = ", ".join(f"{100 * g:+.1f}" for g in gains.values())
+        prow.append((cid, f"{a} vs {b}", len(common), ours, per_seed, f"+{100 * paper:.1f} %", f"**{verdict}**"))
+        summaries.append(harness.Summary(f"{cid} {where}", f"+{100 * paper:.1f} %", f"{ours} ({len(common)} seeds)",
+                                         verdict))
+    lines.append("\nTime gains of the last task (per seed: `(T_b - T_a) / T_b`):\n")
+    lines.append(harness.markdown_table(("claim", "comparison", "seeds", "gain % (mean [95 % CI])",
+                                         "per seed %", "paper", "verdict"), prow))
+    fig, axes = harness.new_figure(ncols=len(TASKS), width=4.2, height=3.2)
+    for ax, t in zip(axes, TASKS):
+        for i, m in enumerate(METHODS):
+            rs = [r for r in recs if r["method"] == m]
+            for j, r in enumerate(rs):
+                pts = [(g, 100 * a) for g, a in zip(r["metrics"]["grid"], r["metrics"]["acc"][t]) if a is not None]
+                if pts:
+                    ax.plot(*zip(*pts), color=f"C{i}", lw=0.8, alpha=0.8, label=m if j == 0 else None)
+        ax.axhline(100 * TARGETS[t], color="black", lw=0.8, ls="--")
+        ax.set(title=f"{t} (target {100 * TARGETS[t]:.1f} %)", xlabel="simulated seconds",
+               ylabel="test accuracy %")
+    axes[0].legend(fontsize=7)
+    harness.save_figure(fig, out_dir / "accuracy.png")
+    lines.append("\n![accuracy on the evaluation grid, every seed](fedast/accuracy.png)\n")
+    return lines
+
+
+PAPER_GAIN_SYNC, PAPER_GAIN_DYNAMIC = 0.401, 0.119
+#: (claim, method, baseline, paper gain, where)
+CLAIMS = (
+    ("H1", "FedAST(D)", "Sync-ST first-k", PAPER_GAIN_SYNC, "Fig. 7: FedAST(D) vs Sync-ST, last task's time"),
+    ("H1s", "FedAST(S)", "Sync-ST first-k", PAPER_GAIN_SYNC, "FedAST(S) vs Sync-ST (H1 with a uniform allocation)"),
+    ("H2", "FedAST(D)", "FedAST(S)", PAPER_GAIN_DYNAMIC, "App. D.6: FedAST(D) vs FedAST(S) (paper: up to)"),
+)
+
+# ----------------------------------------------------------------------------------------------- protocol v1 cells
+PROTOCOL = "v1"
+SEEDS = (0, 1, 2)
+HORIZON = 1200.0
+#: Chosen by the pilot protocol's rules (pilot_decisions); empty until the pilots are in.
+CHOSEN_LR: dict[str, float] = {}
+TARGETS: dict[str, float] = {}
+CELLS = tuple(harness.Cell("heterogeneous", m, {**BASE, **method_config(m, CHOSEN_LR[m]), "horizon": HORIZON,
+                                                "targets": TARGETS}) for m in METHODS if m in CHOSEN_LR and TARGETS)
+
+STUDY = harness.Study(name="fedast", title="FedAST", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+                      report=write_report, threads=1)
+
+
+def main(argv: list[str]) -> int:
+    """``pilot [--seeds 100] [--methods ...] [--settings lr=0.1 ...]``: run missing pilot records."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="FedAST pilots (not reported as results)")
+    p.add_argument("command", choices=["pilot"])
+    p.add_argument("--seeds", default=None)
+    p.add_argument("--methods", nargs="+", default=None)
+    p.add_argument("--settings", nargs="+", default=None)
+    args = p.parse_args(argv)
+    seeds = harness.parse_seeds(args.seeds, PILOT_SEEDS)
+    harness.run_study(PILOT, seeds, args.methods, args.settings, batch_seeds=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
