@@ -129,3 +129,31 @@ def test_setup_validation():
         FedAvg().setup(0, torch.zeros(2))
     with pytest.raises(ValueError, match="client_weights"):
         FedAvg().setup(2, torch.zeros(2), torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_errors_name_the_parameter_at_the_start_of_the_message():
+    # Anchored matches: a message that merely contains the name somewhere (or a mangled name) does not pass.
+    # Slips caught: a wrong parameter named in the error, a reworded or emptied message.
+    with pytest.raises(ValueError, match=r"^weighting must be one of"):
+        FedAvg(weighting="median")
+    with pytest.raises(ValueError, match=r"^server_lr must lie in \(0, inf\)"):
+        FedAvg(server_lr=0.0)
+    algo = FedAvg("known_p")
+    algo.setup(2, torch.zeros(2))
+    for ctx in (None, _ctx(0, probs=None)):  # no context at all, or one without the probabilities
+        with pytest.raises(ValueError, match=r"^weighting='known_p' needs RoundContext\.participation_probs"):
+            algo.open_round(0, ctx)
+
+
+def test_close_round_needs_an_open_round_every_time():
+    # Slips caught: the open-round marker not cleared by close_round (a second close would aggregate again),
+    # or not set at construction (a close before any open would not raise).
+    algo = FedAvg()
+    algo.setup(2, torch.zeros(2))
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()
+    algo.open_round(0, _ctx(0))
+    algo.add(0, torch.tensor([1.0, 1.0]), ClientInfo(1, 1))
+    torch.testing.assert_close(algo.close_round(), torch.tensor([1.0, 1.0]))
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()
