@@ -157,3 +157,8 @@ def test_close_round_needs_an_open_round_every_time():
     torch.testing.assert_close(algo.close_round(), torch.tensor([1.0, 1.0]))
     with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
         algo.close_round()
+
+
+def test_hparams_are_the_constructor_arguments():
+    # What loggers record as the rule's hyperparameters. Slip caught: a key renamed or a value not the argument.
+    assert FedAvg("samples", server_lr=0.5).hparams() == {"weighting": "samples", "server_lr": 0.5}

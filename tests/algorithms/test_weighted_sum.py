@@ -57,3 +57,13 @@ def test_refuses_double_counting_and_bad_merge():
         acc.merge(other)
     with pytest.raises(ValueError, match="shape"):
         acc.merge(WeightedSum(torch.zeros(3)))
+
+
+def test_shares_are_the_running_sum_and_table_themselves_and_repr_names_them():
+    # The many-process engine combines shares in place: they must be the very tensor and dict, not copies.
+    # Slips caught: shares() returning copies (an all-reduce would then not reach the sum), or swapping them.
+    s = WeightedSum(torch.zeros(3))
+    s.add(4, torch.tensor([1.0, 2.0, 3.0]), 0.5)
+    shares = s.shares()
+    assert shares.sums[0] is s.total and shares.tables[0] is s.weights
+    assert repr(s) == "WeightedSum(clients=[4], dim=3)"

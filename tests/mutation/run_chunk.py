@@ -121,6 +121,9 @@ def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None) -> int
           f"no tests {untested}; score (killed + timeout) / all = {score:.1%}")
     for mutant in survived:
         print(f"  survived: {mutant}")
+    for line, s in zip(lines, status):
+        if s == "no tests":
+            print(f"  no tests: {line.rsplit(':', 1)[0]}")
     return 0
 
 
