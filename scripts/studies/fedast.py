@@ -408,6 +408,10 @@ def _results_section(recs: list[dict], out_dir: Path, summaries: list) -> list[s
         mean, lo, hi = harness.mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
         complete = all(len(last[m]) >= len(SEEDS) for m in (a, b))
         verdict = harness.verdict_for_gain(lo, mean, hi, paper) if complete else "pending"
+        censored = sum(1 for k in common if any(last_time(r)[1] for r in recs
+                                               if r["seed"] == k and r["method"] in (a, b)))
+        if censored and verdict != "pending":
+            verdict += f" ({censored} of {len(common)} pairs censored at {HORIZON:g} s)"
         ours = harness.fmt_ci(mean, lo, hi, unit=" %")
         per_seed = ", ".join(f"{100 * g:+.1f}" for g in gains.values())
         prow.append((cid, f"{a} vs {b}", len(common), ours, per_seed, f"+{100 * paper:.1f} %", f"**{verdict}**"))
@@ -416,6 +420,26 @@ def _results_section(recs: list[dict], out_dir: Path, summaries: list) -> list[s
     lines.append("\nTime gains of the last task (per seed: `(T_b - T_a) / T_b`):\n")
     lines.append(harness.markdown_table(("claim", "comparison", "seeds", "gain % (mean [95 % CI])",
                                          "per seed %", "paper", "verdict"), prow))
+    trow = []
+    for a in ("FedAST(D)", "FedAST(S)"):
+        b = "Sync-ST first-k"
+        for t in TASKS:
+            ta = {r["seed"]: task_time(r, t) for r in recs if r["method"] == a}
+            tb = {r["seed"]: task_time(r, t) for r in recs if r["method"] == b}
+            common = sorted(set(ta) & set(tb))
+            gains = [(tb[k][0] - ta[k][0]) / tb[k][0] for k in common]
+            censored = sum(ta[k][1] or tb[k][1] for k in common)
+            mean, lo, hi = harness.mean_ci(gains) if gains else (float("nan"),) * 3
+            trow.append((f"{a} vs {b}", t, len(common), harness.fmt_ci(mean, lo, hi, unit=" %"),
+                         ", ".join(f"{100 * g:+.1f}" for g in gains), censored))
+    lines.append("\nPer task (descriptive, not a claim of the paper's; a pair with a censored run uses the horizon):\n")
+    lines.append(harness.markdown_table(("comparison", "task", "seeds", "gain % (mean [95 % CI])", "per seed %",
+                                         "pairs with a censored run"), trow))
+    moved = {r["seed"]: sum(1 for x in r["metrics"].get("reallocations", []) if x.get("R"))
+             for r in recs if r["method"] == "FedAST(D)"}
+    if moved:
+        lines.append("\nFedAST(D): runs of Algorithm 3 that were not skipped (the split may come out unchanged), "
+                     "per seed: " + ", ".join(f"seed {k}: {v}" for k, v in sorted(moved.items())) + ".\n")
     fig, axes = harness.new_figure(ncols=len(TASKS), width=4.2, height=3.2)
     for ax, t in zip(axes, TASKS):
         for i, m in enumerate(METHODS):
