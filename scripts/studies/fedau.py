@@ -265,8 +265,13 @@ def write_report(records: list[dict], out) -> list:
                 rows.append((m, n, f"{gamma:g} / {eta:g}", harness.fmt_ci(*harness.mean_ci(list(acc[m].values()))),
                              harness.fmt_ci(*recv, scale=1.0), harness.fmt_ci(*floor, digits=0, unit=" %")))
                 if protocol == PROTOCOL and rs:
-                    curves = np.array([r["metrics"]["val_acc"] for r in rs])
-                    axes[k].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), label=f"{m} (n={len(rs)})")
+                    # mean over the seeds evaluated at each round (a round nobody took part in has no evaluation)
+                    by_round: dict[int, list[float]] = {}
+                    for r in rs:
+                        for rnd, a in zip(r["metrics"]["round"], r["metrics"]["val_acc"]):
+                            by_round.setdefault(rnd, []).append(a)
+                    xs = sorted(by_round)
+                    axes[k].plot(xs, [100 * np.mean(by_round[x]) for x in xs], label=f"{m} (n={len(rs)})")
             lines.append(harness.markdown_table(
                 ("method", "seeds", "gamma / eta", "test accuracy % (mean [95 % CI])", "clients per round",
                  "clients at the floor p = 0.02"), rows))
