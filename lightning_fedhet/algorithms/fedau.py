@@ -45,12 +45,16 @@ from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
+#: The interval counters are int64 tensors: a larger cut-off could not be compared with them (use None instead).
+MAX_CUTOFF = 2**63 - 1
+
 
 def _check_cutoff(K) -> int | None:
     if K is None:
         return None
-    if isinstance(K, bool) or not isinstance(K, numbers.Integral) or int(K) < 1:
-        raise ValueError(f"K (FedAU cut-off interval) must be an integer >= 1, or None for no cut-off; got {K!r}")
+    if isinstance(K, bool) or not isinstance(K, numbers.Integral) or not 1 <= int(K) <= MAX_CUTOFF:
+        raise ValueError(f"K (FedAU cut-off interval) must be an integer in [1, 2**63 - 1], or None for no cut-off; "
+                         f"got {K!r}")
     return int(K)
 
 
@@ -58,7 +62,7 @@ class IntervalEstimator:
     """FedAU's Algorithm 2: online mean of cut-off participation intervals, vectorised over clients.
 
     Args:
-        K: cut-off interval length (integer ``>= 1``); ``None`` means no cut-off (``K -> infinity``).
+        K: cut-off interval length (integer in ``[1, 2**63 - 1]``); ``None`` means no cut-off (``K -> infinity``).
 
     Call :meth:`setup` once, then :meth:`update` once per round with that round's participation mask. Before
     round ``t``'s update, :meth:`weights` holds ``omega_t`` (built from rounds ``< t`` only).
@@ -146,7 +150,7 @@ class FedAU(Algorithm):
     """FedAvg with FedAU's adaptive weights ``omega_i`` (online cut-off participation-interval means).
 
     Args:
-        K: cut-off interval length, integer ``>= 1`` (paper's best: 50); ``None`` for no cut-off.
+        K: cut-off interval length, integer in ``[1, 2**63 - 1]`` (paper's best: 50); ``None`` for no cut-off.
         server_lr: global step size ``eta > 0``.
 
     Extra state: three scalars per client (``O(N)`` in total, no model-sized buffer).

@@ -120,9 +120,24 @@ def test_state_dict_resume_equals_uninterrupted(factory):
         (lambda: FedAU(K=-5), "K"),
         (lambda: FedAU(K=2.5), "K"),
         (lambda: IntervalEstimator(K=0), "K"),
+        # beyond int64 the interval counters cannot be compared with K (found by the property test: K = 2**64
+        # raised an OverflowError at the first round instead of a ValueError at construction)
+        (lambda: FedAU(K=2**64), r"^K \(FedAU cut-off interval\) must be an integer in \[1, 2\*\*63 - 1\]"),
         (lambda: FedAU(server_lr=-1.0), "server_lr"),
     ],
 )
 def test_bad_constructor_arguments(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_the_largest_cutoff_runs_like_no_cutoff_for_any_feasible_run():
+    # K = 2**63 - 1 is accepted and, since no interval can reach it, gives the same estimates as K = None.
+    # Slip caught: an off-by-one bound that refuses the largest int64 or overflows comparing with it.
+    big, none = IntervalEstimator(K=2**63 - 1), IntervalEstimator(K=None)
+    for est in (big, none):
+        est.setup(3)
+    for mask in ([1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1]):
+        for est in (big, none):
+            est.update(torch.tensor(mask))
+    torch.testing.assert_close(big.omega, none.omega)
