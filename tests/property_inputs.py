@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import re
 
 import numpy as np
@@ -22,10 +23,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 #: 200 examples per constructor; no per-example deadline (the machine is shared), no example database on disk.
+#: Derandomized: the same examples on every run, so a CI run fails only on what the code changed (a random draw
+#: found FedAU's K = 2**64 once; that class of input is now covered by ordinary tests). Set
+#: FEDHET_HYPOTHESIS_EXPLORE=1 to draw new examples on each run when hunting for bugs.
 PROPERTY = settings(
     max_examples=200,
     deadline=None,
     database=None,
+    derandomize=not os.environ.get("FEDHET_HYPOTHESIS_EXPLORE"),
     # building tensors and arrays in the strategies is slower than hypothesis expects of pure-Python data
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
