@@ -113,6 +113,20 @@ def test_reject_drops_an_update_over_the_bound_and_counts_it():
     assert server.history[-1]["rejected"].tolist() == [0]
 
 
+
+def test_an_update_exactly_at_the_bound_is_kept_and_rejections_add_up_over_rounds():
+    # ||(3, 4)|| = 5 = the bound, exact in float32: "over the bound" is strictly greater, so it is kept. Two rounds with
+    # one rejection each: rejected_total counts both. Slips caught (mutants of the server chunk that survived):
+    # `norm >= bound`, and `rejected_total = len(rejected)` instead of `+=`.
+    server = _server(max_update_norm=5.0, update_norm_action="reject")
+    for round in range(2):
+        server.begin_round(round)
+        assert server.submit(2, torch.tensor([3.0, 4.0, 1.0]), 0.0)
+        assert not server.submit(0, torch.tensor([6.0, 8.0, 9.0]), 0.0)
+        server.close_round()
+    assert server.rejected_total == 2
+    torch.testing.assert_close(server.global_vector[:2], torch.tensor([6.0, 8.0]))
+
 # ------------------------------------------------------------------------------------------ optimizer_state
 class ConstantGradient(pl.LightningModule):
     """One scalar weight; the loss ``-x w`` on a client whose samples all hold ``x`` has the gradient ``-x``
