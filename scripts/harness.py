@@ -303,6 +303,13 @@ def save_figure(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def reproduce_section(records: Sequence[Record], commands: Sequence[str]) -> list[str]:
+    """The end of a study page, as Markdown lines: the shell ``commands`` that regenerate it, then the provenance
+    table and the compute the records took."""
+    return ["## Reproduce\n", "```bash", *commands, "```\n", "## Provenance\n", provenance_table(records),
+            f"\nCompute: {compute_used(records)}."]
+
+
 def compute_used(records: Sequence[Record]) -> str:
     """``"12.3 CPU-min on cpu (2 cores, x86_64)"`` summed over records (wall time where CPU time is missing)."""
     if not records:

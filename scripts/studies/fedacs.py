@@ -365,14 +365,10 @@ def write_report(records: list[dict], out) -> list:
     harness.save_figure(fig, out_dir / "accuracy.png")
     lines += [
         "![test accuracy per round, mean over seeds](fedacs/accuracy.png)\n",
-        "## Reproduce\n",
-        "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedacs            # the missing (cell, seed) records",
-        "python scripts/reproduce.py report                                  # this page, from the records",
-        "```\n",
-        "## Provenance\n",
-        harness.provenance_table(records),
-        f"\nCompute: {harness.compute_used(records)}.",
+        *harness.reproduce_section(records, (
+            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedacs            # the missing (cell, seed) records",
+            "python scripts/reproduce.py report                                  # this page, from the records",
+        )),
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedacs.md").write_text("\n".join(lines) + "\n")

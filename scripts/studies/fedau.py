@@ -302,14 +302,10 @@ def write_report(records: list[dict], out) -> list:
         f"Each point of a curve is one evaluation on a different {BASE['eval_chunk']}-image chunk of the test set, so "
         "the curves are "
         "noisier than a full-test-set evaluation would be; the claims use the window average.\n",
-        "## Reproduce\n",
-        "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau             # the missing (cell, seed) records",
-        "python scripts/reproduce.py report                                  # this page, from the records",
-        "```\n",
-        "## Provenance\n",
-        harness.provenance_table(records),
-        f"\nCompute: {harness.compute_used(records)}.",
+        *harness.reproduce_section(records, (
+            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau             # the missing (cell, seed) records",
+            "python scripts/reproduce.py report                                  # this page, from the records",
+        )),
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedau.md").write_text("\n".join(lines) + "\n")

@@ -224,14 +224,10 @@ def write_report(records: list[dict], out) -> list:
     harness.save_figure(fig, out_dir / "accuracy.png")
     lines += [
         "![accuracy against beta, and per round](fedstale/accuracy.png)\n",
-        "## Reproduce\n",
-        "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale          # the missing (cell, seed) records",
-        "python scripts/reproduce.py report                                  # this page, from the records",
-        "```\n",
-        "## Provenance\n",
-        harness.provenance_table(records),
-        f"\nCompute: {harness.compute_used(records)}.",
+        *harness.reproduce_section(records, (
+            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale          # the missing (cell, seed) records",
+            "python scripts/reproduce.py report                                  # this page, from the records",
+        )),
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedstale.md").write_text("\n".join(lines) + "\n")
