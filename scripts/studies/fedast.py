@@ -119,7 +119,7 @@ class LocalSolver:
                  batch: int, steps: int) -> None:
         self.model, self.data, self.seed, self.task_index = model, data, seed, task_index
         self.lr, self.weight_decay, self.batch, self.steps = lr, weight_decay, batch, steps
-        self.params = [p for p in model.parameters()]
+        self.params = list(model.parameters())
 
     def __call__(self, request, sent: torch.Tensor) -> torch.Tensor:
         load(self.params, sent)
@@ -362,15 +362,12 @@ def write_report(records: list[dict], out: Path) -> list:
     else:
         lines += _results_section(recs, out_dir, summaries)
     lines += [
-        "## Reproduce\n",
-        "```bash",
-        "OMP_NUM_THREADS=1 python scripts/studies/fedast.py pilot      # the pilot records (seeds 100-101)",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedast      # the missing reported (method, seed) records",
-        "python scripts/reproduce.py report                            # this page, from the records",
-        "```\n",
-        "## Provenance\n",
-        harness.provenance_table(records),
-        f"\nCompute: {harness.compute_used(records)}.",
+        *harness.reproduce_section(records, (
+            "OMP_NUM_THREADS=1 python scripts/studies/fedast.py pilot      # the pilot records (seeds 100-101)",
+            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedast      "
+            "# the missing reported (method, seed) records",
+            "python scripts/reproduce.py report                            # this page, from the records",
+        )),
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedast.md").write_text("\n".join(lines) + "\n")
@@ -382,6 +379,16 @@ def _fmt_time(values: list[tuple[float, bool]]) -> str:
     m, lo, hi = harness.mean_ci([v for v, _ in values])
     text = harness.fmt_ci(m, lo, hi, scale=1.0, digits=0, unit=" s")
     return (">" if censored else "") + text + (f" ({censored} censored)" if censored else "")
+
+
+def _paired_gains(recs: list[dict], a: str, b: str, time_of) -> tuple[dict[int, float], int]:
+    """Per seed both methods ran, ``(T_b - T_a) / T_b`` with ``T = time_of(record)[0]``, in seed order; and how many
+    of those pairs hold a censored run (``time_of(record)[1]``)."""
+    ta = {r["seed"]: time_of(r) for r in recs if r["method"] == a}
+    tb = {r["seed"]: time_of(r) for r in recs if r["method"] == b}
+    common = sorted(set(ta) & set(tb))
+    gains = {k: (tb[k][0] - ta[k][0]) / tb[k][0] for k in common}
+    return gains, sum(ta[k][1] or tb[k][1] for k in common)
 
 
 def _results_section(recs: list[dict], out_dir: Path, summaries: list) -> list[str]:
@@ -400,22 +407,18 @@ def _results_section(recs: list[dict], out_dir: Path, summaries: list) -> list[s
                      f"{np.mean([sum(r['metrics']['updates'].values()) for r in rs]):.0f}"))
     lines.append("Simulated seconds to target (mean [95 % CI] over seeds):\n")
     lines.append(harness.markdown_table(("method", "seeds", *TASKS, "last task", "local updates trained"), rows))
-    last = {m: {r["seed"]: last_time(r)[0] for r in recs if r["method"] == m} for m in METHODS}
     prow = []
     for cid, a, b, paper, where in CLAIMS:
-        common = sorted(set(last[a]) & set(last[b]))
-        gains = {s: (last[b][s] - last[a][s]) / last[b][s] for s in common}
+        gains, censored = _paired_gains(recs, a, b, last_time)
         mean, lo, hi = harness.mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
-        complete = all(len(last[m]) >= len(SEEDS) for m in (a, b))
+        complete = all(sum(r["method"] == m for r in recs) >= len(SEEDS) for m in (a, b))
         verdict = harness.verdict_for_gain(lo, mean, hi, paper) if complete else "pending"
-        censored = sum(1 for k in common if any(last_time(r)[1] for r in recs
-                                               if r["seed"] == k and r["method"] in (a, b)))
         if censored and verdict != "pending":
-            verdict += f" ({censored} of {len(common)} pairs censored at {HORIZON:g} s)"
+            verdict += f" ({censored} of {len(gains)} pairs censored at {HORIZON:g} s)"
         ours = harness.fmt_ci(mean, lo, hi, unit=" %")
         per_seed = ", ".join(f"{100 * g:+.1f}" for g in gains.values())
-        prow.append((cid, f"{a} vs {b}", len(common), ours, per_seed, f"+{100 * paper:.1f} %", f"**{verdict}**"))
-        summaries.append(harness.Summary(f"{cid} {where}", f"+{100 * paper:.1f} %", f"{ours} ({len(common)} seeds)",
+        prow.append((cid, f"{a} vs {b}", len(gains), ours, per_seed, f"+{100 * paper:.1f} %", f"**{verdict}**"))
+        summaries.append(harness.Summary(f"{cid} {where}", f"+{100 * paper:.1f} %", f"{ours} ({len(gains)} seeds)",
                                          verdict))
     lines.append("\nTime gains of the last task (per seed: `(T_b - T_a) / T_b`):\n")
     lines.append(harness.markdown_table(("claim", "comparison", "seeds", "gain % (mean [95 % CI])",
@@ -424,14 +427,10 @@ def _results_section(recs: list[dict], out_dir: Path, summaries: list) -> list[s
     for a in ("FedAST(D)", "FedAST(S)"):
         b = "Sync-ST first-k"
         for t in TASKS:
-            ta = {r["seed"]: task_time(r, t) for r in recs if r["method"] == a}
-            tb = {r["seed"]: task_time(r, t) for r in recs if r["method"] == b}
-            common = sorted(set(ta) & set(tb))
-            gains = [(tb[k][0] - ta[k][0]) / tb[k][0] for k in common]
-            censored = sum(ta[k][1] or tb[k][1] for k in common)
-            mean, lo, hi = harness.mean_ci(gains) if gains else (float("nan"),) * 3
-            trow.append((f"{a} vs {b}", t, len(common), harness.fmt_ci(mean, lo, hi, unit=" %"),
-                         ", ".join(f"{100 * g:+.1f}" for g in gains), censored))
+            gains, censored = _paired_gains(recs, a, b, lambda r, t=t: task_time(r, t))
+            mean, lo, hi = harness.mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
+            trow.append((f"{a} vs {b}", t, len(gains), harness.fmt_ci(mean, lo, hi, unit=" %"),
+                         ", ".join(f"{100 * g:+.1f}" for g in gains.values()), censored))
     lines.append("\nPer task (descriptive, not a claim of the paper's; a pair with a censored run uses the horizon):\n")
     lines.append(harness.markdown_table(("comparison", "task", "seeds", "gain % (mean [95 % CI])", "per seed %",
                                          "pairs with a censored run"), trow))
