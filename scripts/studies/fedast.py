@@ -40,6 +40,7 @@ from torch import nn  # noqa: E402
 
 from lightning_fedhet.asynchronous import CappedPool, FedAST, SyncST, Task, run_on_grid  # noqa: E402
 from lightning_fedhet.data import FixedSizeDirichlet, fashion_mnist, synthetic_leaf  # noqa: E402
+from lightning_fedhet.flat import FlatModel  # noqa: E402
 from lightning_fedhet.system import ShiftedExponential  # noqa: E402
 
 TASKS = ("fmnist_lenet", "fmnist_mlp", "synthetic_logreg")
@@ -87,16 +88,6 @@ def make_model(c: dict, task: str, seed: int) -> nn.Module:
     return create(spec["model"], num_classes=10, **spec.get("model_kwargs", {}))
 
 
-def load(params: list[nn.Parameter], flat: torch.Tensor) -> None:
-    """Copy the flat vector ``flat`` into ``params`` (``nn.utils.vector_to_parameters`` would make them views of
-    ``flat``, and the in-place SGD steps would then change the server's model)."""
-    with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.copy_(flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
 def batch_order(size: int, batch: int, steps: int, rng: np.random.Generator) -> np.ndarray:
     """``steps`` mini-batches of ``batch`` positions in ``[0, size)``: successive shuffled epochs, each cut to whole
     batches (``drop_last``). 300 samples, batch 32, 27 steps: exactly 3 epochs of 9 batches. ``[steps, batch]``."""
@@ -120,9 +111,10 @@ class LocalSolver:
         self.model, self.data, self.seed, self.task_index = model, data, seed, task_index
         self.lr, self.weight_decay, self.batch, self.steps = lr, weight_decay, batch, steps
         self.params = list(model.parameters())
+        self.flat = FlatModel(model)  # copies in and out: the in-place steps never touch the server's vector
 
     def __call__(self, request, sent: torch.Tensor) -> torch.Tensor:
-        load(self.params, sent)
+        self.flat.set(sent)
         own = self.data["clients"][request.client]
         rng = np.random.default_rng([self.seed, self.task_index, request.data_key, request.client])
         for positions in batch_order(len(own), self.batch, self.steps, rng):
@@ -132,12 +124,12 @@ class LocalSolver:
             with torch.no_grad():
                 for p, g in zip(self.params, grads):
                     p.sub_(self.lr * (g + self.weight_decay * p))
-        return nn.utils.parameters_to_vector(self.params).detach().clone()
+        return self.flat.get()
 
 
 def accuracy(model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 2500) -> float:
     """Test accuracy of ``params`` (flat ``[d]``) on ``(x, y)``."""
-    load(list(model.parameters()), params)
+    FlatModel(model).set(params)
     correct = 0
     with torch.no_grad():
         for s in range(0, len(y), chunk):
@@ -166,7 +158,7 @@ def run_cell(cell, seed: int) -> dict:
         solvers[name] = LocalSolver(models[name], data[name], i, seed, lr, spec["weight_decay"], spec["batch"],
                                     c["local_steps"])
         latency = ShiftedExponential(shift=0.5 * spec["step_time"], mean=spec["step_time"])
-        tasks[name] = Task(nn.utils.parameters_to_vector(models[name].parameters()).detach().clone(),
+        tasks[name] = Task(solvers[name].flat.get(),
                            local_steps=c["local_steps"], latency=latency, client_lr=lr)
     server = make_rule(c).build(tasks, c["num_clients"], pool=CappedPool(c["busy_fraction"]), seed=seed)
     evaluate = lambda task, params: accuracy(models[task], params, data[task]["test_x"],  # noqa: E731
