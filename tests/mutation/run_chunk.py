@@ -30,7 +30,8 @@ ALG = f"{PKG}/algorithms"
 #: chunk -> (modules to mutate, tests that run against them)
 CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "server": ([f"{PKG}/server.py"], ["tests/test_server_options.py", "tests/test_server.py",
-                                       "tests/test_arrival_probabilities.py", "tests/test_fedcis_buffers.py"]),
+                                       "tests/test_arrival_probabilities.py", "tests/test_fedcis_buffers.py",
+                                       "tests/test_server_lifecycle.py"]),
     "federation": ([f"{PKG}/federation.py"], ["tests/test_arrival_probabilities.py", "tests/test_federation.py",
                                                "tests/test_server_options.py"]),
     "fedavg": ([f"{ALG}/fedavg.py", f"{ALG}/_weighted_sum.py"], ["tests/algorithms/test_fedavg.py",
