@@ -108,7 +108,13 @@ def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None) -> int
     pyproject = re.sub(r"\n\[tool\.mutmut\]\n.*?(?=\n\[|\Z)", "\n", pyproject, flags=re.S)
     (work / "pyproject.toml").write_text(pyproject.rstrip("\n") + "\n\n" + _section(modules, tests))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    subprocess.run([mutmut, "run", "--max-children", str(cores)], cwd=work, env=env, stdout=subprocess.DEVNULL)
+    run = subprocess.run([mutmut, "run", "--max-children", str(cores)], cwd=work, env=env, capture_output=True,
+                         text=True)
+    if run.returncode != 0 or "failed to collect stats" in run.stdout:
+        # e.g. a selected test fails on the unmutated tree (mutmut then mutates nothing): say so instead of "0 mutants"
+        tail = "\n".join((run.stdout + run.stderr).replace("\r", "\n").splitlines()[-5:])
+        print(f"chunk {name}: mutmut run failed (rc {run.returncode}); run its tests in {work}/mutants:\n{tail}")
+        return 1
     out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
     lines = [line.strip() for line in out.stdout.splitlines() if ":" in line]
     status = [line.rsplit(":", 1)[1].strip() for line in lines]
@@ -140,11 +146,12 @@ def main() -> int:
             print(f"{name}: mutates {', '.join(modules)}; tests {', '.join(tests)}")
         return 0
     mutmut = str(Path(sys.executable).with_name("mutmut"))
+    status = 0
     for name in args.chunks:
         if name not in CHUNKS:
             parser.error(f"unknown chunk {name!r}; choose from {sorted(CHUNKS)}")
-        run_chunk(name, args.cores, mutmut, args.rev)
-    return 0
+        status = max(status, run_chunk(name, args.cores, mutmut, args.rev))
+    return status
 
 
 if __name__ == "__main__":
