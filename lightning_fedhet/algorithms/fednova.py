@@ -197,9 +197,7 @@ class FedNova(Algorithm):
                 "reported; pass client_weights proportional to |D_i| instead)"
             )
         self.divisor = divisor
-        server_lr = check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)
-        if local_lr is not None:
-            local_lr = check_real(local_lr, "local_lr", 0.0, low_open=True, high_open=True)
+        server_lr = check_real(server_lr, "server_lr", 0.0, low_open=True, high_open=True)  # local_lr: checked above
         self.momentum = float(momentum)
         self.prox_mu = float(prox_mu)
         self.local_lr = None if local_lr is None else float(local_lr)
@@ -276,9 +274,8 @@ class FedNova(Algorithm):
             if self._selected_weight is None:
                 scale = tau_eff / total
             else:
-                # raw weights are m_i alpha_i; the divisor is the selected weight, not the arrived one
-                if not self._selected_weight > 0:
-                    raise ValueError("FedNova(divisor='selected'): updates arrived but RoundContext.selected is empty")
+                # raw weights are m_i alpha_i; the divisor is the selected weight, not the arrived one. It is > 0
+                # here: every arrived client is in S_t (add() refuses the others), so it is >= total > 0.
                 scale = tau_eff / self._selected_weight
             self.last_weights = {c: r * scale / self._client_norms[c] for c, r in self._sum.weights.items()}
             self.params = self.params + (self.server_lr * scale) * self._sum.total

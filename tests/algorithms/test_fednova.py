@@ -195,3 +195,100 @@ def test_check_client_solver():
     # the helper FedACS shares names its caller
     with pytest.raises(ValueError, match=r"FedACS\(momentum=0\.9\)"):
         check_optimizer_matches("FedACS", _sgd(0.9), "persist", 0.9)
+
+
+# ------------------------------------------------------------------------ against the fednova chunk's survivors
+def test_divisor_selected_divides_by_the_selected_weight_not_by_one():
+    # N = 4, uniform alpha = 1/4, S = {0, 1, 2} (K = 3 of 4): clients 0 (1 step, [2]) and 1 (2 steps, [4]) arrive,
+    # 2 is lost. Eq. 116a: tau_eff = (1 + 2)/2 = 1.5; (1/K) sum delta_i/||a_i||_1 = (1/3)(2/1 + 4/2) = 4/3;
+    # w = 1.5 * 4/3 = 2. Slip caught: multiplying by sum_{S} alpha_j (= 3/4) instead of dividing (1.125).
+    algo = setup(FedNova(divisor="selected"), 4, [0.0])
+    close(run_round(algo, 0, 4, {0: [2], 1: [4]}, steps={0: 1, 1: 2}, selected=[0, 1, 2]), [2.0])
+    assert algo.last_tau_eff == pytest.approx(1.5)
+    # an empty round: no weights, no tau_eff, w unchanged
+    close(run_round(algo, 1, 4, {}, selected=[3]), [2.0])
+    assert algo.last_weights == {} and algo.last_tau_eff is None
+
+
+def test_accumulation_norm_by_hand_at_the_corners():
+    # Plain SGD by default: tau. Momentum with prox = 1 (eta mu = 1, allowed): the exact recursion
+    # B_k = rho B_{k-1} + 1 - C_k, C_{k+1} = C_k + B_k from C_1 = 0: B = 1, 0.5, -0.25 -> C = 1, 1.5, 1.25.
+    # Proximal only, eta mu = 0.1, 2 steps: (1 - 0.9^2) / 0.1 = 1.9.
+    # Slips caught: a momentum default of 1, the pure-momentum closed form taken for c == 1.
+    assert accumulation_norm(3) == 3.0
+    assert accumulation_norm(3, 0.5, 1.0) == pytest.approx(1.25)
+    assert accumulation_norm(2, 0.0, 0.1) == pytest.approx(1.9)
+    # the rule uses prox = prox_mu * local_lr for any prox_mu > 0 (slip caught: `prox_mu > 1`)
+    assert FedNova(prox_mu=0.5, local_lr=0.2).norm(2) == pytest.approx(1.9)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: FedNova(momentum=False), r"^momentum must be in \[0, 1\), got False$"),
+        (lambda: FedNova(momentum="0.5"), r"^momentum must be in \[0, 1\), got '0.5'$"),
+        (lambda: FedNova(prox_mu=False), r"^prox_mu must be >= 0, got False$"),
+        (lambda: FedNova(prox_mu="1"), r"^prox_mu must be >= 0, got '1'$"),
+        (lambda: FedNova(local_lr=0.0), r"^local_lr must lie in \(0, inf\), got 0.0$"),
+        (lambda: FedNova(local_lr=float("inf")), r"^local_lr must be finite, got inf$"),
+        (lambda: FedNova(prox_mu=0.1), r"^prox_mu > 0 needs local_lr \(the client learning rate\) to compute "
+                                       r"\|\|a_i\|\|_1$"),
+        (lambda: FedNova(prox_mu=0.5, local_lr=4.0), r"^local_lr \* prox_mu must be in \(0, 1\], got 2.0$"),
+        (lambda: FedNova(weighting="all"), r"^weighting must be one of"),
+        (lambda: FedNova(divisor="selected", weighting="samples"),
+         r"^divisor='selected' needs weighting='participating' \(the sample counts of lost clients are not "
+         r"reported; pass client_weights proportional to \|D_i\| instead\)$"),
+        (lambda: FedNova(server_lr=0.0), r"^server_lr must lie in \(0, inf\), got 0.0$"),
+        (lambda: FedNova(server_lr=float("inf")), r"^server_lr must be finite, got inf$"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_parameter_and_its_range(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_edge_values_that_are_allowed():
+    # eta mu = 1 exactly is allowed ((0, 1]); momentum 0 with dampening is plain SGD (dampening acts on momentum
+    # only); a local_lr without a proximal term is not compared with the optimizer's lr.
+    FedNova(prox_mu=0.5, local_lr=2.0)
+    FedNova().check_client_solver(_sgd(0.0, dampening=0.5), "reset")
+    FedNova(local_lr=0.5).check_client_solver(_sgd(0.0), "reset")
+    check_optimizer_matches("FedNova", _sgd(0.0), "reset", 0.0)  # prox_mu defaults to 0: lr not compared
+    check_optimizer_matches("FedNova", _sgd(0.0), "reset", 0.0, local_lr=0.5)
+
+
+def test_solver_mismatch_messages_name_the_param_group_only_when_there_are_several():
+    one = _sgd(0.9)
+    with pytest.raises(ValueError, match=r"does not match the optimizer's momentum=0\.9: \|\|a_i\|\|_1 would be wrong"):
+        FedNova(momentum=0.5).check_client_solver(one, "reset")
+    two = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "momentum": 0.5},
+                           {"params": [torch.nn.Parameter(torch.zeros(1))], "momentum": 0.9}], lr=0.1)
+    with pytest.raises(ValueError, match=r"momentum=0\.9 \(param group 1\): "):
+        FedNova(momentum=0.5).check_client_solver(two, "reset")
+    with pytest.raises(ValueError, match=r"^FedNova\(momentum=0\.9\) assumes every client's momentum buffer restarts "
+                                         r"each round \(its \|\|a_i\|\|_1 is that of a fresh solver\), but "
+                                         r"optimizer_state='persist' carries the buffers across rounds; use "
+                                         r"optimizer_state='reset'$"):
+        FedNova(momentum=0.9).check_client_solver(_sgd(0.9), "persist")
+
+
+def test_round_protocol_errors_and_reported_options():
+    algo = FedNova(momentum=0.5, prox_mu=0.1, local_lr=0.2, server_lr=2.0)
+    assert algo.last_tau_eff is None
+    assert algo.hparams() == {"momentum": 0.5, "prox_mu": 0.1, "local_lr": 0.2, "weighting": "participating",
+                              "server_lr": 2.0, "divisor": "arrived"}
+    setup(algo, 2, [0.0])
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()
+    algo.open_round(0, None)
+    algo.close_round()
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()  # a round closes once
+    selected = setup(FedNova(divisor="selected"), 2, [0.0])
+    with pytest.raises(ValueError, match=r"^FedNova\(divisor='selected'\) needs RoundContext.selected \(the K "
+                                         r"selected clients\)$"):
+        selected.open_round(0, None)
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match=r"^RoundContext.selected must have num_clients=2 entries$"):
+        selected.open_round(0, SimpleNamespace(selected=torch.ones(3, dtype=torch.bool)))
