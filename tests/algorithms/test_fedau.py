@@ -141,3 +141,61 @@ def test_the_largest_cutoff_runs_like_no_cutoff_for_any_feasible_run():
         for est in (big, none):
             est.update(torch.tensor(mask))
     torch.testing.assert_close(big.omega, none.omega)
+
+
+# ------------------------------------------------------------------------ against the fedau chunk's survivors
+def test_fedau_with_non_uniform_client_weights_by_hand():
+    # Algorithm 1 with alpha = [1/4, 3/4]: w += sum_{n in S_t} alpha_n omega_n delta_n. Round 0: only client 1
+    # arrives (delta 0); client 0's interval stays open (S_0 = 1). Round 1: both arrive, omega = [1, 1] (no interval
+    # of client 0 has closed yet): w += 1/4 * 1 * 4 + 3/4 * 0 = 1; client 0's interval closes at length 2.
+    # Round 2: client 0 alone, omega_0 = 2: w += 1/4 * 2 * 4 = 2 -> 3. Slip caught: the weights dropped (uniform
+    # 1/2 would give 2 and then 6).
+    algo = setup(FedAU(K=50), 2, [0.0], weights=torch.tensor([1.0, 3.0], dtype=F64))
+    close(run_round(algo, 0, 2, {1: [0.0]}), [0.0])
+    close(run_round(algo, 1, 2, {0: [4.0], 1: [0.0]}), [1.0])
+    torch.testing.assert_close(algo.aggregation_weights(), torch.tensor([2.0, 1.0], dtype=F64))
+    close(run_round(algo, 2, 2, {0: [4.0]}), [3.0])
+    assert algo.last_weights == pytest.approx({0: 0.5})
+
+
+def test_defaults_state_and_options():
+    # The paper's K = 50 is the default of both; the estimator's documented dtypes (int64 counters, float64 omega);
+    # state before setup; rounds counted.
+    assert FedAU().K == 50 and IntervalEstimator().K == 50
+    assert FedAU(K=None, server_lr=0.5).hparams() == {"K": None, "server_lr": 0.5}
+    est = IntervalEstimator(K=3)
+    assert est.state_dict() == {"K": 3, "num_clients": 0, "rounds": 0, "count": None, "current": None, "omega": None}
+    fresh = IntervalEstimator(K=3)
+    fresh.load_state_dict(est.state_dict())
+    assert fresh.omega is None and fresh.rounds == 0
+    with pytest.raises(RuntimeError, match=r"^IntervalEstimator.setup\(num_clients\) must be called first$"):
+        est.update(torch.tensor([True]))
+    est.setup(1)
+    assert (est.count.dtype, est.current.dtype, est.omega.dtype) == (torch.int64, torch.int64, F64)
+    for _ in range(4):
+        est.update(torch.tensor([False]))
+    assert est.rounds == 4 and est.state_dict()["rounds"] == 4
+    with pytest.raises(ValueError, match=r"^state was saved with K=3 but this estimator has K=None$"):
+        IntervalEstimator(K=None).load_state_dict(est.state_dict())
+    with pytest.raises(ValueError, match=r"^participation mask must have num_clients=1 entries, got 2$"):
+        est.update(torch.tensor([True, False]))
+    algo = FedAU()
+    algo.setup(2, torch.zeros(1, dtype=F64), None, torch.tensor([3, 5]))
+    assert algo.client_sizes.tolist() == [3, 5]
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()
+
+
+def test_one_client_is_enough_and_zero_is_refused():
+    IntervalEstimator().setup(1)
+    with pytest.raises(ValueError, match=r"^num_clients must be >= 1, got 0$"):
+        IntervalEstimator().setup(0)
+
+
+@pytest.mark.parametrize(
+    "server_lr, message",
+    [(0.0, r"^server_lr must lie in \(0, inf\), got 0.0$"), (float("inf"), r"^server_lr must be finite, got inf$")],
+)
+def test_server_lr_outside_its_range_is_refused(server_lr, message):
+    with pytest.raises(ValueError, match=message):
+        FedAU(server_lr=server_lr)
