@@ -137,7 +137,7 @@ def test_setup_keeps_the_sizes_and_the_options_are_reported():
     assert algo.hparams() == {"pi_source": "estimate", "server_lr": 0.5}
     probs = algo.selection_probs(0)
     assert probs.dtype == F64 and probs.tolist() == [1.0, 1.0, 1.0]
-    with pytest.raises(ValueError, match=r"pi_source must be one of"):
+    with pytest.raises(ValueError, match=r"^pi_source must be one of"):
         AdaFed(pi_source="oracle")
 
 
