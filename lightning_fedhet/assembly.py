@@ -21,10 +21,8 @@ from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.seeding import resolve_seed
-from lightning_fedhet.server import OPTIMIZER_STATES, UPDATE_NORM_ACTIONS, Server, check_update_norm
+from lightning_fedhet.server import CLIENT_WEIGHTS, OPTIMIZER_STATES, UPDATE_NORM_ACTIONS, Server, check_update_norm
 from lightning_fedhet.system.steps import check_local_steps, local_steps_for
-
-CLIENT_WEIGHTS = ("uniform", "samples")
 
 
 def check_arguments(

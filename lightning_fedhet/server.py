@@ -45,6 +45,7 @@ from lightning_fedhet.flat import all_finite, rows_finite
 from lightning_fedhet.history import round_record
 
 OPTIMIZER_STATES = ("reset", "persist")
+CLIENT_WEIGHTS = ("uniform", "samples")
 UPDATE_NORM_ACTIONS = ("reject", "clip")
 #: per-client server memory above which the server suggests a smaller memory dtype
 LARGE_MEMORY_BYTES = 256 * 2**20
@@ -107,6 +108,8 @@ class Server:
     ) -> None:
         if optimizer_state not in OPTIMIZER_STATES:
             raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
+        if client_weights not in CLIENT_WEIGHTS:  # a typo ("sample") would otherwise run with uniform weights
+            raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
         check_update_norm(max_update_norm, update_norm_action)
         self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
         self.update_norm_action = update_norm_action

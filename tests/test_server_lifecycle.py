@@ -318,6 +318,15 @@ def test_state_dict_round_trip_resumes_the_run_exactly():
 
 
 # ------------------------------------------------------------------------------------------ errors
+def test_an_update_too_large_for_float32_norms_is_clipped_to_the_bound_not_zeroed():
+    # ||(1e30, 1e30)|| = 1.41e30 is finite, but its float32 square overflows: the norm is taken in float64, so the
+    # update is scaled to the bound (1/sqrt(2) each). Slip caught: a float32 norm (inf) that scales it to zero.
+    server = _server(max_update_norm=1.0, update_norm_action="clip", lost=(1, 2, 3))
+    server.begin_round(0)
+    assert server.submit(0, torch.tensor([1e30, 1e30, 0.0]), 0.0)
+    torch.testing.assert_close(server.close_round()[:2], torch.full((2,), 0.5**0.5))
+
+
 def test_misuse_of_the_round_protocol_is_refused_with_what_to_do():
     # Slips caught: the messages emptied or changed (they tell the engine author what to call).
     server = _server()
@@ -336,6 +345,8 @@ def test_misuse_of_the_round_protocol_is_refused_with_what_to_do():
     [
         ({"optimizer_state": "keep"}, ValueError,
          r"^optimizer_state must be one of \('reset', 'persist'\), got 'keep'$"),
+        ({"client_weights": "sample"}, ValueError,
+         r"^client_weights must be one of \('uniform', 'samples'\), got 'sample'$"),
         ({"update_norm_action": "drop"}, ValueError,
          r"^update_norm_action must be one of \('reject', 'clip'\), got 'drop'$"),
         ({"max_update_norm": "1"}, TypeError, r"^max_update_norm must be a number > 0 or None, got '1'$"),
