@@ -171,3 +171,80 @@ def test_udmapl_keeps_the_model_by_default_when_nobody_arrives():
         warnings.simplefilter("error")
         close(run_round(algo, 0, 2, {}), [2.0, -1.0])
     assert UDMAPL().hparams()["empty_round"] == "keep"
+
+
+# ------------------------------------------------------------------------ against the upgapl chunk's survivors
+def test_fixed_q_weights_each_arrival_by_alpha_over_one_minus_q():
+    # Eq. 4.5 with fixed q = [0.5, 0, 0.2], alpha = [0.25, 0.25, 0.5]: c = alpha / (1 - q) = [0.5, 0.25, 0.625].
+    # UPGA-PL: clients 0 ([4, 0]) and 2 ([0, 8]) arrive: w = 0.5 [4, 0] + 0.625 [0, 8] = [2, 5].
+    # UDMA-PL (Eq. 4.4): sum c_i (w_t + delta_i) from w_t = [1, 1]: 0.5 [5, 1] + 0.625 [1, 9] = [3.125, 6.125].
+    # Slips caught: 1 + q or 2 - q for the success probability.
+    q = [0.5, 0.0, 0.2]
+    upga = setup(UPGAPL(q=q), 3, [0.0, 0.0], ALPHA)
+    close(run_round(upga, 0, 3, {0: [4, 0], 2: [0, 8]}), [2.0, 5.0])
+    assert upga.last_weights == pytest.approx({0: 0.5, 2: 0.625})
+    udma = setup(UDMAPL(q=q), 3, [1.0, 1.0], ALPHA)
+    close(run_round(udma, 0, 3, {0: [4, 0], 2: [0, 8]}), [3.125, 6.125])
+
+
+def test_options_are_reported():
+    assert UPGAPL(q=[0.5, 0.0], server_lr=0.5).hparams() == {"q": [0.5, 0.0], "server_lr": 0.5}
+    assert UPGAPL().hparams() == {"q": "known", "server_lr": 1.0}
+    assert UDMAPL(q="estimate").hparams() == {"q": "estimate", "empty_round": "keep"}
+    assert DMAPL().hparams() == {}
+    assert UPGAPL().loss_estimates() is None
+
+
+def test_round_protocol_errors_name_what_is_missing():
+    # Slips caught: the messages emptied or changed, the checks of `q="known"` and `q="estimate"` swapped.
+    known = setup(UPGAPL(), 2, [0.0])
+    with pytest.raises(ValueError, match=r"^UPGAPL\(q='known'\) needs RoundContext\.participation_probs$"):
+        known.open_round(0, None)
+    estimate = setup(UPGAPL(q="estimate"), 2, [0.0])
+    with pytest.raises(ValueError, match=r"^q='estimate' needs RoundContext\.selected to count transmission "
+                                         r"attempts$"):
+        estimate.open_round(0, None)
+    with pytest.raises(ValueError, match=r"^state has no success estimator but q='estimate'$"):
+        estimate.load_state_dict(known.state_dict())
+    for algo in (known, setup(DMAPL(), 2, [0.0])):
+        with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+            algo.close_round()
+    dma = setup(DMAPL(), 2, [0.0])
+    run_round(dma, 0, 2, {})
+    assert dma.last_weights == {}
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        dma.close_round()  # a round closes once
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: UPGAPL(server_lr=0.0), r"^server_lr must lie in \(0, inf\), got 0.0$"),
+        (lambda: UPGAPL(server_lr=float("inf")), r"^server_lr must be finite, got inf$"),
+        (lambda: UDMAPL(empty_round="none"), r"^empty_round must be one of"),
+        (lambda: UPGAPL(q=[0.5, 1.0]), r"^q \(loss probabilities\)"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_the_literal_empty_round_warns_once_with_the_way_out():
+    udma = setup(UDMAPL(q=[0.0, 0.0], empty_round="zero"), 2, [3.0])
+    with pytest.warns(RuntimeWarning, match=r"^UDMAPL: no update arrived this round; Eq\. 4\.4 returns the zero model "
+                                            r"\(pass empty_round='keep' to keep w_t instead\)$"):
+        close(run_round(udma, 0, 2, {}), [0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        close(run_round(udma, 1, 2, {}), [0.0])  # once per rule
+
+
+def test_success_estimator_counts_are_integers():
+    # The counts are documented (and checkpointed) as int64; the estimate (arrivals + 1) / (attempts + 1) as float64.
+    algo = setup(UPGAPL(q="estimate"), 2, [0.0])
+    run_round(algo, 0, 2, {0: [1.0]}, selected=[0, 1])
+    est = algo.estimator
+    assert (est.attempts.dtype, est.arrivals.dtype) == (torch.int64, torch.int64)
+    assert est.attempts.tolist() == [1, 1] and est.arrivals.tolist() == [1, 0]
+    torch.testing.assert_close(algo.loss_estimates(), torch.tensor([0.0, 0.5], dtype=F64))
