@@ -96,7 +96,7 @@ class _LossyAggregator(Algorithm):
     uses_q = True
     shares_rounds = True
 
-    def __init__(self, q: str | Sequence[float] | Tensor = "known") -> None:
+    def __init__(self, q: str | Sequence[float] | Tensor) -> None:
         super().__init__()
         self._fixed_q: Tensor | None = None
         self.estimator: SuccessEstimator | None = None

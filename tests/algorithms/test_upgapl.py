@@ -193,6 +193,9 @@ def test_options_are_reported():
     assert UDMAPL(q="estimate").hparams() == {"q": "estimate", "empty_round": "keep"}
     assert DMAPL().hparams() == {}
     assert UPGAPL().loss_estimates() is None
+    algo = UPGAPL()
+    algo.setup(2, torch.zeros(1, dtype=F64), None, torch.tensor([3, 0]))
+    assert algo.client_sizes.tolist() == [3, 0]
 
 
 def test_round_protocol_errors_name_what_is_missing():
