@@ -43,7 +43,7 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "adafed": ([f"{ALG}/adafed.py"], ["tests/algorithms/test_adafed.py", SHARES]),
     "fedstale": ([f"{ALG}/fedstale.py", f"{ALG}/fedvarp.py", f"{ALG}/mifa.py"],
                  ["tests/algorithms/test_fedstale.py", "tests/algorithms/test_fedvarp.py",
-                  "tests/algorithms/test_mifa.py", SHARES]),
+                  "tests/algorithms/test_mifa.py", "tests/algorithms/test_stale_memory.py", SHARES]),
     "fedau": ([f"{ALG}/fedau.py"], ["tests/algorithms/test_fedau.py", SHARES]),
     "fednova": ([f"{ALG}/fednova.py"], ["tests/algorithms/test_fednova.py", SHARES]),
     "fedacs": ([f"{ALG}/fedacs.py", f"{ALG}/_sampler.py", f"{ALG}/sampled_fedavg.py", f"{ALG}/cafedavg.py",
