@@ -96,7 +96,14 @@ def _copy_tree(target: Path, rev: str | None) -> None:
             shutil.copy2(src, dst)
 
 
-def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None) -> int:
+def _change(mutmut: str, work: Path, env: dict, mutant: str) -> str:
+    """A mutant's change as ``- old | + new`` (the changed lines of ``mutmut show``)."""
+    diff = subprocess.run([mutmut, "show", mutant], cwd=work, env=env, capture_output=True, text=True).stdout
+    lines = [line for line in diff.splitlines() if line[:1] in "-+" and line[:3] not in ("---", "+++")]
+    return " | ".join(" ".join(line.split()) for line in lines)
+
+
+def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None, show_changes: bool = False) -> int:
     modules, tests = CHUNKS[name]
     work = ROOT / ".mutation" / (name if rev is None else f"{name}@{rev}")
     if work.exists():
@@ -130,7 +137,7 @@ def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None) -> int
     print(f"chunk {name}: {total} mutants, killed {killed}, timeout {timeouts}, survived {len(survived)}, "
           f"no tests {untested}; score (killed + timeout) / all = {score:.1%}")
     for mutant in survived:
-        print(f"  survived: {mutant}")
+        print(f"  survived: {mutant}" + (f"  {_change(mutmut, work, env, mutant)}" if show_changes else ""))
     for line, s in zip(lines, status):
         if s == "no tests":
             print(f"  no tests: {line.rsplit(':', 1)[0]}")
@@ -142,6 +149,7 @@ def main() -> int:
     parser.add_argument("chunks", nargs="*", help=f"one or more of {sorted(CHUNKS)}")
     parser.add_argument("--cores", type=int, default=2, help="mutmut --max-children (default 2)")
     parser.add_argument("--list", action="store_true", help="print the chunks and exit")
+    parser.add_argument("--changes", action="store_true", help="print each survivor's change (mutmut show)")
     parser.add_argument("--rev", help="mutate this committed revision instead of the working tree (e.g. a 'before')")
     args = parser.parse_args()
     if args.list or not args.chunks:
@@ -153,7 +161,7 @@ def main() -> int:
     for name in args.chunks:
         if name not in CHUNKS:
             parser.error(f"unknown chunk {name!r}; choose from {sorted(CHUNKS)}")
-        status = max(status, run_chunk(name, args.cores, mutmut, args.rev))
+        status = max(status, run_chunk(name, args.cores, mutmut, args.rev, args.changes))
     return status
 
 
