@@ -504,3 +504,49 @@ def test_end_to_end_with_strategy_and_early_exit_classifier():
             assert torch.count_nonzero(delta[head_mask]) > 0, (r, client, e)
     leaf_deltas = [algo.deltas[r][c] for r in range(rounds) for c in range(3, 7)]
     assert all(torch.count_nonzero(d[level > 1]) == 0 for d in leaf_deltas)
+
+
+# ------------------------------------------------------------------------ against the fedcis chunk's survivors
+def test_correct_participation_divides_each_weight_by_its_probability_of_being_aggregated():
+    # The Serving-Rate weights of test_hand_computed_p0_serving_rate_and_equal (root 0.25, leaf1 0.25, leaf2 0.5)
+    # divided by P(aggregated) = (0.5, 1, 0.25): root 0.5, leaf1 0.25, leaf2 2 (Horvitz-Thompson: each weight's
+    # expectation over the arrivals is the full-participation weight).
+    # update = 0.5 [2, 0, 4] + 0.25 [1, 2, 0] + 2 [3, -1, 0] = [7.25, -1.5, 2];  w = [8.25, -0.5, 3].
+    # Slips caught: multiplying by the probability, skipping the correction, not reading the context.
+    from lightning_fedhet.algorithms import RoundContext
+
+    algo = FedCIS(three_node_topology(), lambda_tilde="serving_rate", p=0.0, correct_participation=True)
+    algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
+    ones = torch.ones(3, dtype=torch.bool)
+    algo.select(0, ones, FixedUniforms([0.9, 0.9, 0.9]))
+    algo.open_round(0, RoundContext(0, 3, ones, ones, ones,
+                                    participation_probs=torch.tensor([0.5, 1.0, 0.25], dtype=torch.float64)))
+    for client, delta in {0: D_ROOT_EXIT2, 1: D_LEAF1, 2: D_LEAF2}.items():
+        algo.add(client, delta, INFO)
+    torch.testing.assert_close(algo.close_round(), torch.tensor([8.25, -0.5, 3.0]), atol=1e-6, rtol=0)
+    assert algo.last_weights == pytest.approx({0: 0.5, 1: 0.25, 2: 2.0})
+    algo.select(1, ones, FixedUniforms([0.9, 0.9, 0.9]))
+    with pytest.raises(ValueError, match=r"^correct_participation=True needs RoundContext\.participation_probs$"):
+        algo.open_round(1, None)
+
+
+def test_exit_data_sizes_and_options_are_reported():
+    # |D_{e,p}| at p = 0.25: exit 1 is held by every node (6 + 2 + 4), exit 2 by the root only (6).
+    algo = FedCIS(three_node_topology(), lambda_tilde="equal", p=0.25, server_lr=0.5, prob_weighting="direct",
+                  correct_participation=True)
+    algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
+    torch.testing.assert_close(algo.exit_data_sizes(), torch.tensor([12.0, 6.0], dtype=torch.float64))
+    assert algo.hparams() == {"lambda_tilde": "equal", "p": 0.25, "server_lr": 0.5, "prob_weighting": "direct",
+                              "flops_schedule": "static", "correct_participation": True, "aggregation_base": "literal"}
+    matrix = FedCIS(three_node_topology(), lambda_tilde=[3.0, 1.0], p=[[0.5, 0.5], [1.0, 0.0], [1.0, 0.0]])
+    assert matrix.hparams()["p"] == "matrix" and matrix.hparams()["lambda_tilde"] == [0.75, 0.25]
+    assert algo.exits.dtype == torch.int64 and algo.selection_probs(0).dtype == torch.float64
+
+
+def test_a_round_closes_once():
+    algo = FedCIS(three_node_topology(), p=0.0)
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()
+    run_round(algo, [0.9, 0.9, 0.9], {1: D_LEAF1})
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()

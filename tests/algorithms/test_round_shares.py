@@ -33,7 +33,18 @@ from lightning_fedhet.algorithms import (
     RoundContext,
     SampledFedAvg,
 )
+from lightning_fedhet.algorithms.fedcis import FedCIS
+from lightning_fedhet.cis import CISTopology
 from tests.algorithms.selection_rounds import F64
+
+
+def _star() -> CISTopology:
+    """Root 0 (exits 1-2) and five leaves (exit 1), requests at the leaves, a quarter forwarded to the root."""
+    return CISTopology([[1, 2, 3, 4, 5], [], [], [], [], []], [2, 1, 1, 1, 1, 1], arrival=[0.0] + [1.0] * 5,
+                       transfer_cap=[0.0] + [0.25] * 5)
+
+
+_MASKS = torch.tensor([[True, True, False], [True, False, True]])  # exit 1, exit 2 over the 3 coordinates
 
 RULES = {
     "FedAvg-known_p": lambda: FedAvg(weighting="known_p"),
@@ -54,6 +65,8 @@ RULES = {
     "CAFed": lambda: CAFed(tau=0.0),
     "AdaFed": AdaFed,
     "F3AST": lambda: F3AST(k=3),
+    "FedCIS": lambda: FedCIS(_star(), p=0.3),
+    "FedCIS-root_local": lambda: FedCIS(_star(), p=0.3, aggregation_base="root_local", exit_masks=_MASKS),
 }
 
 

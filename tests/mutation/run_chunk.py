@@ -29,6 +29,8 @@ ALG = f"{PKG}/algorithms"
 
 #: every rule's round_shares, two halves of a round against one process (fast; the many-process tests are not)
 SHARES = "tests/algorithms/test_round_shares.py"
+#: hand-computed examples of several rules in one file
+EXAMPLES = "tests/algorithms/test_independent_examples.py"
 #: chunk -> (modules to mutate, tests that run against them)
 CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "server": ([f"{PKG}/server.py"], ["tests/test_server_options.py", "tests/test_server.py",
@@ -40,21 +42,21 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                                                                   "tests/algorithms/test_weighted_sum.py", SHARES]),
     "upgapl": ([f"{ALG}/upgapl.py"], ["tests/algorithms/test_upgapl.py", "tests/test_arrival_probabilities.py",
                                        SHARES]),
-    "adafed": ([f"{ALG}/adafed.py"], ["tests/algorithms/test_adafed.py", SHARES]),
+    "adafed": ([f"{ALG}/adafed.py"], ["tests/algorithms/test_adafed.py", SHARES, EXAMPLES]),
     "fedstale": ([f"{ALG}/fedstale.py", f"{ALG}/fedvarp.py", f"{ALG}/mifa.py"],
                  ["tests/algorithms/test_fedstale.py", "tests/algorithms/test_fedvarp.py",
-                  "tests/algorithms/test_mifa.py", "tests/algorithms/test_stale_memory.py", SHARES]),
+                  "tests/algorithms/test_mifa.py", "tests/algorithms/test_stale_memory.py", SHARES, EXAMPLES]),
     "fedau": ([f"{ALG}/fedau.py"], ["tests/algorithms/test_fedau.py", SHARES]),
-    "fednova": ([f"{ALG}/fednova.py"], ["tests/algorithms/test_fednova.py", SHARES]),
+    "fednova": ([f"{ALG}/fednova.py"], ["tests/algorithms/test_fednova.py", SHARES, EXAMPLES]),
     "fedacs": ([f"{ALG}/fedacs.py", f"{ALG}/_sampler.py", f"{ALG}/sampled_fedavg.py", f"{ALG}/cafedavg.py",
                 f"{ALG}/os_sampling.py", f"{ALG}/calibration.py"],
                ["tests/algorithms/test_fedacs.py", "tests/algorithms/test_sampled_fedavg.py",
                 "tests/algorithms/test_cafedavg.py", "tests/algorithms/test_os_sampling.py",
-                "tests/algorithms/test_calibration.py", SHARES]),
+                "tests/algorithms/test_calibration.py", SHARES, EXAMPLES]),
     "cafed": ([f"{ALG}/cafed.py", f"{ALG}/f3ast.py", f"{ALG}/_availability.py", f"{ALG}/availability_estimators.py"],
               ["tests/algorithms/test_cafed.py", "tests/algorithms/test_f3ast.py",
                "tests/algorithms/test_availability_estimators.py", "tests/algorithms/test_adafed.py", SHARES]),
-    "fedcis": ([f"{ALG}/fedcis.py"], ["tests/algorithms/test_fedcis.py", "tests/test_fedcis_buffers.py"]),
+    "fedcis": ([f"{ALG}/fedcis.py"], ["tests/algorithms/test_fedcis.py", "tests/test_fedcis_buffers.py", SHARES]),
     "base": ([f"{ALG}/base.py"], ["tests/algorithms/test_algorithm_protocol.py", "tests/algorithms/test_fedavg.py"]),
     "participation": ([f"{PKG}/participation/*"], ["tests/participation"]),
     "system": ([f"{PKG}/system/*"], ["tests/system", "tests/test_arrival_probabilities.py"]),
