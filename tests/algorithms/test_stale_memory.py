@@ -182,3 +182,24 @@ def test_round_protocol_errors():
         run_round(algo, 0, 2, {0: [1.0]})
         with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
             algo.close_round()  # a round closes once
+
+
+def test_a_loaded_memory_takes_its_own_dtype_and_does_not_alias_the_state():
+    # A float32 checkpoint loaded into a bfloat16 memory is stored as bfloat16 (memory_dtype is the rule's option);
+    # later changes to the state's tensors do not reach the memory; an unsharded memory has no pending sum.
+    source = _memory()
+    source.write(1, torch.tensor([1.5, -2.0]))
+    state = source.state_dict()
+    target = StaleMemory(torch.bfloat16)
+    target.load_state_dict(state, W5, torch.device("cpu"))
+    assert target.data.dtype == torch.bfloat16 and target.total.dtype == F64 and target.pending is None
+    state["data"].add_(100.0)
+    state["total"].add_(100.0)
+    torch.testing.assert_close(target.data[1].float(), torch.tensor([1.5, -2.0]))
+    torch.testing.assert_close(target.total, torch.tensor([0.3, -0.4], dtype=F64))
+
+
+def test_the_rules_keep_the_client_sizes():
+    for algo in (FedStale(beta=0.5), MIFA()):
+        algo.setup(2, torch.zeros(1, dtype=F64), None, torch.tensor([4, 9]))
+        assert algo.client_sizes.tolist() == [4, 9]
