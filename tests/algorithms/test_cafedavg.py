@@ -28,3 +28,16 @@ def test_bad_constructor_arguments():
 
 def test_state_dict_resume_equals_uninterrupted():
     check_resume(lambda: CAFedAvg(K=3, unavailable="drop", calibrate=True))
+
+
+def test_drop_divides_by_availability_times_success():
+    # unavailable="drop": the divisor is pi_m s_m. omega = [1, 0], K = 2 draws of client 0, s_0 = 0.5, pi_0 = 0.8:
+    # w = (2/2) * 4 / (0.8 * 0.5) = 10 (renormalize would divide by s_0 alone: 8).
+    # Slips caught: dividing by s / pi, the drop branch skipped or taken for "renormalize".
+    for unavailable, expected in (("drop", 10.0), ("renormalize", 8.0)):
+        ca = CAFedAvg(K=2, unavailable=unavailable)
+        ca.setup(2, torch.zeros(1, dtype=F64), torch.tensor([1.0, 0.0]))
+        ca.select(0, torch.ones(2, dtype=torch.bool), np.random.default_rng(0))
+        ca.open_round(0, ctx_for(0, 2, [0, 1], [0], [0], s=[0.5, 1.0], pi=[0.8, 1.0]))
+        ca.add(0, vec(4.0), ClientInfo(1, 1))
+        torch.testing.assert_close(ca.close_round(), vec(expected))

@@ -393,3 +393,15 @@ def test_ema_estimator_is_not_pulled_onto_clients_that_hold_no_data():
         server.close_round()
     torch.testing.assert_close(algo.last_probabilities, torch.full((4,), 0.25, dtype=torch.float64))
     assert trained > 30  # K = 4 draws, half on clients with data: ~2 trained per round
+
+
+def test_chi_square_and_surrogate_weights_by_hand():
+    # chi^2(omega || Omega) = sum (omega - Omega)^2 / Omega: omega = (1/2, 1/2), Omega = (1/4, 3/4):
+    # 0.0625/0.25 + 0.0625/0.75 = 1/4 + 1/12 = 1/3. An Omega of 0 where omega > 0 is infinite; where both are 0
+    # the term is 0. Slips caught: `* 2` for `** 2`, the zero tests moved to 1 or >= 0.
+    assert chi_square([0.5, 0.5], [0.25, 0.75]) == pytest.approx(1 / 3)
+    assert chi_square([0.4, 0.4, 0.2], [0.5, 0.5, 0.0]) == float("inf")
+    assert chi_square([1.0, 0.0], [1.0, 0.0]) == 0.0
+    # Omega_m = p_m s_m a_m / sum: p = (1/2, 1/4, 1/4), s = (1, 1/2, 1), a = (1, 2, 4) -> (1/2, 1/4, 1) / 7/4
+    torch.testing.assert_close(surrogate_weights([0.5, 0.25, 0.25], [1.0, 0.5, 1.0], [1.0, 2.0, 4.0]),
+                               torch.tensor([2 / 7, 1 / 7, 4 / 7], dtype=torch.float64))
