@@ -41,3 +41,27 @@ def test_drop_divides_by_availability_times_success():
         ca.open_round(0, ctx_for(0, 2, [0, 1], [0], [0], s=[0.5, 1.0], pi=[0.8, 1.0]))
         ca.add(0, vec(4.0), ClientInfo(1, 1))
         torch.testing.assert_close(ca.close_round(), vec(expected))
+
+
+def test_the_ema_estimator_reads_the_rounds_availability_steps_and_arrivals():
+    # With ema=1 the estimates are the last observation: pi = this round's availability (1, 0, 1), ||a||_1 = the
+    # steps each client was told to run (plain SGD: 2 and 3; client 1, never told, takes their mean 2.5), and s = 1
+    # for a drawn client that arrived, 0 for one that did not, 1 (the prior) for a client never drawn.
+    # Slips caught: the availability, the steps or the arrivals not read from the round's context, `steps >= 0`.
+    ca = CAFedAvg(K=2, estimator="ema", ema=1.0)
+    ca.setup(3, torch.zeros(1, dtype=F64))
+    counts = ca.select(0, torch.tensor([True, False, True]), np.random.default_rng(1))
+    drawn = torch.nonzero(counts).flatten().tolist()
+    assert drawn == [0, 2]  # this seed draws both available clients: one arrives, one does not
+    arrived = drawn[:1]
+    ctx = ctx_for(0, 3, [0, 2], drawn, arrived)
+    ctx.local_steps = torch.tensor([2, 0, 3])
+    ca.open_round(0, ctx)
+    for client in arrived:
+        ca.add(client, vec(1.0), ClientInfo(1, 2))
+    ca.close_round()
+    est = ca.estimator
+    torch.testing.assert_close(est.availability(), torch.tensor([1.0, 0.0, 1.0], dtype=F64))
+    torch.testing.assert_close(est.norms(), torch.tensor([2.0, 2.5, 3.0], dtype=F64))
+    expected_s = [1.0 if (c in arrived or c not in drawn) else 0.0 for c in range(3)]
+    torch.testing.assert_close(est.success(), torch.tensor(expected_s, dtype=F64))
