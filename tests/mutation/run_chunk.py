@@ -52,7 +52,7 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                 f"{ALG}/os_sampling.py", f"{ALG}/calibration.py"],
                ["tests/algorithms/test_fedacs.py", "tests/algorithms/test_sampled_fedavg.py",
                 "tests/algorithms/test_cafedavg.py", "tests/algorithms/test_os_sampling.py",
-                "tests/algorithms/test_calibration.py", SHARES, EXAMPLES]),
+                "tests/algorithms/test_calibration.py", "tests/algorithms/test_sampler_state.py", SHARES, EXAMPLES]),
     "cafed": ([f"{ALG}/cafed.py", f"{ALG}/f3ast.py", f"{ALG}/_availability.py", f"{ALG}/availability_estimators.py"],
               ["tests/algorithms/test_cafed.py", "tests/algorithms/test_f3ast.py",
                "tests/algorithms/test_availability_estimators.py", "tests/algorithms/test_adafed.py", SHARES]),
