@@ -74,3 +74,18 @@ def test_a_round_reads_the_contexts_availability_only_through_the_estimator():
     algo.open_round(0, ctx_for(0, 3, [0, 1], [0, 1], []))
     algo.close_round()
     torch.testing.assert_close(algo.estimator.availability(), torch.tensor([1.0, 1.0, 0.0], dtype=F64))
+
+
+def test_hparams_report_the_constructor_arguments():
+    from lightning_fedhet.algorithms import OS, CAFedAvg, SampledFedAvg
+
+    assert FedACS(K=3, omega=[0.5, 0.5], momentum=0.5, calibrate=True, estimator="ema", ema=0.2, unavailable="drop",
+                  server_lr=0.5).hparams() == {
+        "K": 3, "unavailable": "drop", "server_lr": 0.5, "estimator": "ema", "ema": 0.2, "omega": [0.5, 0.5],
+        "momentum": 0.5, "prox_mu": 0.0, "local_lr": None, "calibrate": True}
+    assert FedACS(K=1).hparams() == {"K": 1, "unavailable": "renormalize", "server_lr": 1.0}
+    assert SampledFedAvg(K=2, probabilities=[0.25, 0.75]).hparams() == {
+        "K": 2, "unavailable": "renormalize", "server_lr": 1.0, "probabilities": [0.25, 0.75]}
+    assert CAFedAvg(K=2, calibrate=True).hparams() == {"K": 2, "unavailable": "renormalize", "server_lr": 1.0,
+                                                       "calibrate": True}
+    assert OS(K=2, mix=0.3).hparams() == {"K": 2, "unavailable": "renormalize", "server_lr": 1.0, "mix": 0.3}
