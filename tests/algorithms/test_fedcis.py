@@ -550,3 +550,33 @@ def test_a_round_closes_once():
     run_round(algo, [0.9, 0.9, 0.9], {1: D_LEAF1})
     with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
         algo.close_round()
+
+
+def test_balanced_weights_use_the_sampling_matrix_and_the_sizes():
+    # Balanced Adj on the 3-node tree with p = 0.25, |D| = (6, 2, 4), sigma^2 = (1, 1):
+    # C_1 = {0, 1, 2}: |D_{1,p}| = 12, shares (1/2, 1/6, 1/3), concentration 1/4 + 1/36 + 1/9 = 7/18;
+    # C_2 = {0}: share 1, concentration 1. o = (18/7, 1) -> normalised (18/25, 7/25).
+    # Lt = 0.5 (serving rates (0.75, 0.25) + o) = (0.735, 0.265).
+    # Slips caught: the sampling matrix or the client sizes not passed down (p = 0 gives (0.6964, 0.3036)).
+    algo = FedCIS(three_node_topology(), "balanced", p=0.25, grad_variance=[1.0, 1.0])
+    algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
+    expected = torch.tensor([0.735, 0.265], dtype=torch.float64)
+    torch.testing.assert_close(algo.lambda_tilde_at(0), expected)
+    algo.select(0, torch.ones(3, dtype=torch.bool), FixedUniforms([0.9, 0.9, 0.9]))
+    algo.open_round(0, None)
+    torch.testing.assert_close(algo.last_lambda_tilde, expected)
+
+
+def test_the_flops_warmup_enters_the_rounds_weights_at_that_round():
+    # warm-up at round 29 (see test_code_sampling_matrix_and_lambda_tilde_strategies): Lt = (5, 9, 9) / 23 on the
+    # 7-node tree; the round's pair weights and last_lambda_tilde use that round's Lt, not round 0's (1/3 each).
+    topo = CISTopology.preset("7-node", "80-15-5")
+    algo = FedCIS(topo, "flops", flops=[1.0, 3.0, 6.0], flops_schedule="warmup")
+    algo.setup(7, torch.ones(2))
+    algo.select(29, torch.ones(7, dtype=torch.bool), FixedUniforms([0.9] * 7))
+    algo.open_round(29, None)
+    expected = torch.tensor([5 / 23, 9 / 23, 9 / 23], dtype=torch.float64)
+    torch.testing.assert_close(algo.last_lambda_tilde, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(algo.pair_weights(29) / algo.pair_weights(0), (expected * 3).expand(7, 3)
+                               .where(algo.pair_weights(0) > 0, torch.tensor(float("nan"), dtype=torch.float64)),
+                               equal_nan=True)
