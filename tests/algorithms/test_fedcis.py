@@ -580,3 +580,43 @@ def test_the_flops_warmup_enters_the_rounds_weights_at_that_round():
     torch.testing.assert_close(algo.pair_weights(29) / algo.pair_weights(0), (expected * 3).expand(7, 3)
                                .where(algo.pair_weights(0) > 0, torch.tensor(float("nan"), dtype=torch.float64)),
                                equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(topology=None), r"^topology must be a CISTopology, got NoneType$"),
+        (dict(server_lr=float("inf")), r"^server_lr must be finite, got inf$"),
+        (dict(prob_weighting="half"), r"^prob_weighting must be one of \('inverse', 'direct'\), got 'half'$"),
+        (dict(normalize=1), r"^normalize must be True or False, got 1$"),
+        (dict(correct_participation="yes"), r"^correct_participation must be True or False, got 'yes'$"),
+        (dict(aggregation_base="root_local"), r"^aggregation_base='root_local' needs exit_masks \(bool \[E, d\]: the "
+                                              r"coordinates of each exit's sub-model\), e\.g\. fedcis\.exit_masks"),
+        (dict(exit_masks=torch.ones(3, 2, dtype=torch.bool)),
+         r"^exit_masks only applies to aggregation_base='root_local'$"),
+        (dict(lambda_tilde="flops", flops=[1, 0, 1]), r"^flops must lie in \(0, inf\), got 0.0$"),
+        (dict(flops=[1.0, -1.0, 1.0]), r"^flops must lie in \(0, inf\), got -1.0$"),
+        (dict(lambda_tilde="flops"), r"^lambda_tilde='flops' needs flops= \(cost of each exit, e\.g\. "
+                                     r"EarlyExitNet\.exit_flops\(\.\.\.\)\)$"),
+        (dict(lambda_tilde="flops", flops=[1, 2, 3], flops_schedule="linear"),
+         r"^flops_schedule must be one of \('static', 'warmup'\), got 'linear'$"),
+        (dict(lambda_tilde="balanced", grad_variance="mnist"),
+         r"^grad_variance must be one of \['cifar10', 'cifar100'\] or numbers, got 'mnist'$"),
+        (dict(lambda_tilde="fastest"), r"^lambda_tilde must be one of \('serving_rate', 'equal', 'flops', 'balanced'\) "
+                                       r"or a tensor of 3 weights, got 'fastest'$"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_parameter_and_its_range(kwargs, message):
+    kwargs = dict(kwargs)
+    topology = kwargs.pop("topology", CISTopology.preset("7-node", "80-15-5"))
+    with pytest.raises(ValueError, match=message):
+        FedCIS(topology, **kwargs)
+
+
+def test_balanced_needs_variances_beyond_three_exits_and_named_ones_are_table_d1():
+    with pytest.raises(ValueError, match=r"^lambda_tilde='balanced' has default gradient variances only for 3 exits "
+                                         r"\(Table D\.1\); pass grad_variance= with 2 values$"):
+        FedCIS(three_node_topology(), "balanced")
+    topo = CISTopology.preset("7-node", "80-15-5")
+    torch.testing.assert_close(FedCIS(topo, "balanced", grad_variance="cifar10").lambda_tilde_at(0),
+                               FedCIS(topo, "balanced").lambda_tilde_at(0))
