@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -54,31 +55,56 @@ def markov_chain(pi, lam, rounds, seed):
     return out
 
 
+class System(NamedTuple):
+    """One round of a random system, float64/bool ``[N]`` each (``deltas`` ``[N, d]``)."""
+
+    p: np.ndarray  # participation probabilities
+    avail: torch.Tensor
+    s: np.ndarray  # success probabilities
+    steps: np.ndarray
+    deltas: torch.Tensor
+    losses: np.ndarray
+    link: torch.Tensor  # whether the upload would arrive
+
+
+def draw_system(t, p, d, seed, max_steps) -> System:
+    """Round ``t`` of a random system from the counter-based generator ``[seed, t]`` (local steps in
+    ``1..max_steps``)."""
+    g = np.random.default_rng([seed, t])
+    n = len(p)
+    avail = torch.from_numpy(g.random(n) < p)
+    s = g.uniform(0.5, 1.0, n)
+    steps = g.integers(1, max_steps + 1, n)
+    deltas = torch.from_numpy(g.normal(size=(n, d)))
+    losses = g.uniform(0.5, 2.0, n)
+    link = torch.from_numpy(g.random(n) < s)
+    return System(p, avail, s, steps, deltas, losses, link)
+
+
+def offer_round(algo, t, system: System, select_seed):
+    """What the server does before training: the system oracle, probe losses when asked, the rule's selection."""
+    algo.observe_system(t, success_probs=torch.from_numpy(system.s), local_steps=torch.from_numpy(system.steps),
+                        participation_probs=torch.from_numpy(system.p))
+    if algo.wants_probe_losses():
+        algo.observe_losses(t, torch.where(system.avail, torch.from_numpy(system.losses), float("nan")))
+    return algo.select(t, system.avail, np.random.default_rng([select_seed, t]))
+
+
 def drive(algo, start, stop, n=5, d=3):
     """Rounds ``start..stop-1`` of a random system (availability, links, local steps, deltas, losses, probes)."""
     p = np.array([0.9, 0.8, 0.6, 0.5, 0.3])
     for t in range(stop):
-        g = np.random.default_rng([17, t])
-        avail = torch.from_numpy(g.random(n) < p)
-        s = g.uniform(0.5, 1.0, n)
-        steps = g.integers(1, 6, n)
-        deltas = torch.from_numpy(g.normal(size=(n, d)))
-        losses = g.uniform(0.5, 2.0, n)
-        link = g.random(n) < s
+        system = draw_system(t, p, d, seed=17, max_steps=5)
         if t < start:
             continue
-        algo.observe_system(t, success_probs=torch.from_numpy(s), local_steps=torch.from_numpy(steps),
-                            participation_probs=torch.from_numpy(p))
-        if algo.wants_probe_losses():
-            algo.observe_losses(t, torch.where(avail, torch.from_numpy(losses), float("nan")))
-        sel = algo.select(t, avail, np.random.default_rng([18, t]))
+        sel = offer_round(algo, t, system, select_seed=18)
         sel = sel > 0 if sel.dtype != torch.bool else sel
-        arrived = sel & torch.from_numpy(link)
-        ctx = RoundContext(t, n, avail, sel, arrived, torch.from_numpy(p), torch.from_numpy(s),
-                           torch.where(sel, torch.from_numpy(steps), 0))
+        arrived = sel & system.link
+        ctx = RoundContext(t, n, system.avail, sel, arrived, torch.from_numpy(p), torch.from_numpy(system.s),
+                           torch.where(sel, torch.from_numpy(system.steps), 0))
         algo.open_round(t, ctx)
         for i in torch.nonzero(arrived).flatten().tolist():
-            algo.add(i, deltas[i], ClientInfo(1, int(steps[i]), loss=float(losses[i])))
+            algo.add(i, system.deltas[i], ClientInfo(1, int(system.steps[i]), loss=float(system.losses[i])))
         algo.close_round()
     return algo.params.clone(), dict(algo.last_weights)
 

@@ -543,15 +543,6 @@ def test_exit_data_sizes_and_options_are_reported():
     assert algo.exits.dtype == torch.int64 and algo.selection_probs(0).dtype == torch.float64
 
 
-def test_a_round_closes_once():
-    algo = FedCIS(three_node_topology(), p=0.0)
-    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
-        algo.close_round()
-    run_round(algo, [0.9, 0.9, 0.9], {1: D_LEAF1})
-    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
-        algo.close_round()
-
-
 def test_balanced_weights_use_the_sampling_matrix_and_the_sizes():
     # Balanced Adj on the 3-node tree with p = 0.25, |D| = (6, 2, 4), sigma^2 = (1, 1):
     # C_1 = {0, 1, 2}: |D_{1,p}| = 12, shares (1/2, 1/6, 1/3), concentration 1/4 + 1/36 + 1/9 = 7/18;

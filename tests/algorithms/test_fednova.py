@@ -277,13 +277,6 @@ def test_round_protocol_errors_and_reported_options():
     assert algo.last_tau_eff is None
     assert algo.hparams() == {"momentum": 0.5, "prox_mu": 0.1, "local_lr": 0.2, "weighting": "participating",
                               "server_lr": 2.0, "divisor": "arrived"}
-    setup(algo, 2, [0.0])
-    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
-        algo.close_round()
-    algo.open_round(0, None)
-    algo.close_round()
-    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
-        algo.close_round()  # a round closes once
     selected = setup(FedNova(divisor="selected"), 2, [0.0])
     with pytest.raises(ValueError, match=r"^FedNova\(divisor='selected'\) needs RoundContext.selected \(the K "
                                          r"selected clients\)$"):

@@ -1,10 +1,13 @@
-"""Every rule's :meth:`round_shares` in one process: a round's clients split over two copies of the rule, their
-shares combined the way :class:`~lightning_fedhet.algorithms.base.RoundShares` documents it (sums added elementwise,
-tables replaced by their union in client-id order), must close the round exactly as one copy that added every update.
+"""Every rule's round protocol in one process.
 
-The many-process tests (``tests/test_strategy_ddp.py``) check the same through ``torch.distributed``; this one runs
-in milliseconds, so the mutation chunks of the rules can include it. The combination below is written from the
-``RoundShares`` docstring, not taken from ``lightning_fedhet.distributed``.
+``round_shares``: a round's clients split over two copies of the rule, their shares combined the way
+:class:`~lightning_fedhet.algorithms.base.RoundShares` documents it (sums added elementwise, tables replaced by their
+union in client-id order), must close the round exactly as one copy that added every update. The many-process tests
+(``tests/test_strategy_ddp.py``) check the same through ``torch.distributed``; this one runs in seconds, so the
+mutation chunks of the rules can include it. The combination below is written from the ``RoundShares`` docstring,
+not taken from ``lightning_fedhet.distributed``.
+
+And a round closes exactly once, for every rule.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from lightning_fedhet.algorithms import (
 )
 from lightning_fedhet.algorithms.fedcis import FedCIS
 from lightning_fedhet.cis import CISTopology
-from tests.algorithms.selection_rounds import F64
+from tests.algorithms.selection_rounds import F64, draw_system, offer_round
 
 
 def _star() -> CISTopology:
@@ -92,37 +95,38 @@ def _combine(parts) -> None:
                 part.tables[i][:] = union
 
 
-def _rounds(one, pair, rounds=8, n=6, d=3):
+def _rounds(one, pair=(), rounds=8, n=6, d=3):
+    """``rounds`` random rounds of ``one``; with a ``pair``, each round's clients also split over the two copies
+    (client ``i`` to ``pair[i % 2]``), whose combined shares must close the round as ``one`` does."""
     p = np.array([0.9, 0.8, 0.6, 0.5, 0.3, 0.7])
     for t in range(rounds):
-        g = np.random.default_rng([23, t])
-        avail = torch.from_numpy(g.random(n) < p)
-        s = g.uniform(0.5, 1.0, n)
-        steps = g.integers(1, 5, n)
-        deltas = torch.from_numpy(g.normal(size=(n, d)))
-        losses = g.uniform(0.5, 2.0, n)
-        link = torch.from_numpy(g.random(n) < s)
+        system = draw_system(t, p, d, seed=23, max_steps=4)
         for algo in (one, *pair):
-            algo.observe_system(t, success_probs=torch.from_numpy(s), local_steps=torch.from_numpy(steps),
-                                participation_probs=torch.from_numpy(p))
-            if algo.wants_probe_losses():
-                algo.observe_losses(t, torch.where(avail, torch.from_numpy(losses), float("nan")))
-            selected = algo.select(t, avail, np.random.default_rng([24, t]))
+            selected = offer_round(algo, t, system, select_seed=24)
         sel = selected > 0 if selected.dtype != torch.bool else selected
-        arrived = sel & link
-        ctx = RoundContext(t, n, avail, selected, arrived, torch.from_numpy(p), torch.from_numpy(s),
-                           torch.where(sel, torch.from_numpy(steps), 0), torch.from_numpy(p))
+        arrived = sel & system.link
+        ctx = RoundContext(t, n, system.avail, selected, arrived, torch.from_numpy(p), torch.from_numpy(system.s),
+                           torch.where(sel, torch.from_numpy(system.steps), 0), torch.from_numpy(p))
         for algo in (one, *pair):
             algo.open_round(t, ctx)
         for i in torch.nonzero(arrived).flatten().tolist():
-            info = ClientInfo(10 + i, int(steps[i]), loss=float(losses[i]))
-            one.add(i, deltas[i], info)
-            pair[i % 2].add(i, deltas[i], info)
+            info = ClientInfo(10 + i, int(system.steps[i]), loss=float(system.losses[i]))
+            one.add(i, system.deltas[i], info)
+            if pair:
+                pair[i % 2].add(i, system.deltas[i], info)
+        if not pair:
+            one.close_round()
+            continue
         _combine([algo.round_shares() for algo in pair])
         expected = one.close_round()
         for algo in pair:
             torch.testing.assert_close(algo.close_round(), expected, rtol=0, atol=1e-12)
             assert algo.last_weights == pytest.approx(one.last_weights, rel=1e-12)
+
+
+def _setup(algo):
+    algo.setup(6, torch.tensor([0.1, -0.2, 0.3], dtype=F64), torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0]))
+    return algo
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
@@ -132,6 +136,18 @@ def test_two_halves_of_a_round_combined_equal_one_process(name):
     for rank, algo in enumerate(pair):
         algo.shard_client_state(rank, 2)
     for algo in (one, *pair):
-        algo.setup(6, torch.tensor([0.1, -0.2, 0.3], dtype=F64), torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0]))
+        _setup(algo)
     _rounds(one, pair)
     assert not torch.equal(one.params, torch.tensor([0.1, -0.2, 0.3], dtype=F64))
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_a_round_closes_exactly_once(name):
+    # Slips caught: the open-round marker not set at construction (a close before any open would not raise) or not
+    # cleared by close_round (a second close would apply the round again).
+    algo = _setup(RULES[name]())
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()
+    _rounds(algo, rounds=1)
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
+        algo.close_round()

@@ -176,12 +176,6 @@ def test_round_protocol_errors():
         known.open_round(0, None)
     with pytest.raises(ValueError, match=r"^state has no participation estimator but p_source='fedau'$"):
         setup(FedStale(beta=0.5, p_source="fedau"), 2, [0.0]).load_state_dict(known.state_dict())
-    for algo in (setup(FedStale(beta=0.5, weighting="participating"), 2, [0.0]), setup(MIFA(), 2, [0.0])):
-        with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
-            algo.close_round()
-        run_round(algo, 0, 2, {0: [1.0]})
-        with pytest.raises(RuntimeError, match=r"^close_round\(\) called without open_round\(\)$"):
-            algo.close_round()  # a round closes once
 
 
 def test_a_loaded_memory_takes_its_own_dtype_and_does_not_alias_the_state():
