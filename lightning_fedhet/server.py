@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundShares
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlan, RoundPlanner
@@ -106,10 +107,8 @@ class Server:
         max_update_norm: float | None = None,
         update_norm_action: str = "reject",
     ) -> None:
-        if optimizer_state not in OPTIMIZER_STATES:
-            raise ValueError(f"optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}")
-        if client_weights not in CLIENT_WEIGHTS:  # a typo ("sample") would otherwise run with uniform weights
-            raise ValueError(f"client_weights must be one of {CLIENT_WEIGHTS}, got {client_weights!r}")
+        check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
+        check_choice(client_weights, "client_weights", CLIENT_WEIGHTS)  # a typo would otherwise run uniform weights
         check_update_norm(max_update_norm, update_norm_action)
         self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
         self.update_norm_action = update_norm_action
@@ -385,8 +384,7 @@ def _weighted_mean(total: Tensor, weight: float, per_entry: Tensor | None) -> Te
 
 def check_update_norm(max_update_norm: float | None, update_norm_action: str) -> None:
     """Validate the robustness options (each error names the parameter and the allowed range)."""
-    if update_norm_action not in UPDATE_NORM_ACTIONS:
-        raise ValueError(f"update_norm_action must be one of {UPDATE_NORM_ACTIONS}, got {update_norm_action!r}")
+    check_choice(update_norm_action, "update_norm_action", UPDATE_NORM_ACTIONS)
     if max_update_norm is not None:
         if isinstance(max_update_norm, bool) or not isinstance(max_update_norm, (int, float)):
             raise TypeError(f"max_update_norm must be a number > 0 or None, got {max_update_norm!r}")
