@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Trainer
 from torch.utils.data import TensorDataset
+
+from lightning_fedhet.algorithms import Algorithm, FedAvg
+from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.federation import RoundPlanner
+from lightning_fedhet.participation import Full
+from lightning_fedhet.server import Server
+from lightning_fedhet.system import LossyChannel
+
+#: |D_i| of the clients of :func:`four_client_server`
+FOUR_CLIENT_SIZES = (1, 2, 3, 4)
 
 
 class TinyClassifier(pl.LightningModule):
@@ -62,3 +73,26 @@ def quiet_trainer(**kwargs) -> Trainer:
     )
     defaults.update(kwargs)
     return Trainer(**defaults)
+
+
+def four_client_server(
+    algorithm: Algorithm | None = None,
+    num_parameters: int = 2,
+    extra: int = 1,
+    lost=(3,),
+    local_steps=1,
+    latency=None,
+    **options,
+) -> Server:
+    """A framework-free server over four clients holding 1, 2, 3 and 4 samples, all available and selected; the
+    uploads of the clients in ``lost`` are lost (loss probability 0.999999, lost by the draw at seed 3). The rule is
+    FedAvg weighted by samples unless ``algorithm`` is given; the vector has ``num_parameters`` parameters followed
+    by ``extra`` floating buffers, all zero at the start. ``options`` go to :class:`Server`."""
+    bounds = np.cumsum((0,) + FOUR_CLIENT_SIZES)
+    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(FOUR_CLIENT_SIZES))]
+    streams = ClientStreams(TensorDataset(torch.zeros(int(bounds[-1]), 1)), parts, batch_size=2, seed=3)
+    algorithm = FedAvg(weighting="samples") if algorithm is None else algorithm
+    uplink = [0.999999 if c in lost else 0.0 for c in range(len(FOUR_CLIENT_SIZES))]
+    planner = RoundPlanner(Full(), algorithm, streams, local_steps=local_steps, channel=LossyChannel(uplink=uplink),
+                           latency=latency, seed=3)
+    return Server(planner, algorithm, torch.zeros(num_parameters + extra), num_parameters=num_parameters, **options)

@@ -10,20 +10,14 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 from lightning_fedhet.algorithms import FedAvg
 from lightning_fedhet.algorithms.base import ClientInfo
-from lightning_fedhet.data.streams import ClientStreams
-from lightning_fedhet.federation import RoundPlanner
-from lightning_fedhet.participation import Full
 from lightning_fedhet.server import LARGE_MEMORY_BYTES, Server
-from lightning_fedhet.system import LossyChannel, ShiftedExponential
-
-SIZES = (1, 2, 3, 4)
+from lightning_fedhet.system import ShiftedExponential
+from tests.helpers import four_client_server
 
 
 class Spy(FedAvg):
@@ -53,18 +47,10 @@ class Spy(FedAvg):
         super().add(client, delta, info)
 
 
-def _server(algorithm=None, num_parameters: int = 2, extra: int = 1, lost=(3,), latency=None, **options) -> Server:
-    """The four clients above; the uploads of the clients in ``lost`` are lost (loss probability 0.999999, lost
-    at seed 3). ``num_parameters`` parameters followed by ``extra`` floating buffers, all zero at the start."""
-    dataset = TensorDataset(torch.zeros(sum(SIZES), 1))
-    bounds = np.cumsum((0,) + SIZES)
-    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(SIZES))]
-    streams = ClientStreams(dataset, parts, batch_size=2, seed=3)
-    algorithm = Spy(weighting="samples") if algorithm is None else algorithm
-    uplink = [0.999999 if c in lost else 0.0 for c in range(len(SIZES))]
-    planner = RoundPlanner(Full(), algorithm, streams, local_steps=[1, 2, 3, 4], channel=LossyChannel(uplink=uplink),
-                           latency=latency, seed=3)
-    return Server(planner, algorithm, torch.zeros(num_parameters + extra), num_parameters=num_parameters, **options)
+def _server(algorithm=None, **kwargs) -> Server:
+    """:func:`tests.helpers.four_client_server` with local steps 1, 2, 3, 4 and the recording FedAvg by default."""
+    return four_client_server(Spy(weighting="samples") if algorithm is None else algorithm, local_steps=[1, 2, 3, 4],
+                              **kwargs)
 
 
 # ------------------------------------------------------------------------------------------ setup

@@ -7,7 +7,6 @@ Each test names the slip it catches; these slips once passed the whole suite.
 from __future__ import annotations
 
 import lightning.pytorch as pl
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -18,23 +17,10 @@ from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.participation import Full
 from lightning_fedhet.server import Server
-from lightning_fedhet.system import LossyChannel
-from tests.helpers import quiet_trainer
+from tests.helpers import four_client_server, quiet_trainer
 
-SIZES = (1, 2, 3, 4)
-
-
-def _server(num_parameters: int = 2, extra: int = 1, uplink=(0.0, 0.0, 0.0, 0.999999), **options) -> Server:
-    """Four clients holding 1, 2, 3 and 4 samples, all available and selected; client 3's upload is lost (its loss
-    probability is 0.999999 and the draw at seed 3 loses it). FedAvg weighted by samples. The vector has
-    ``num_parameters`` parameters followed by ``extra`` floating buffers."""
-    dataset = TensorDataset(torch.zeros(sum(SIZES), 1))
-    bounds = np.cumsum((0,) + SIZES)
-    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(SIZES))]
-    streams = ClientStreams(dataset, parts, batch_size=2, seed=3)
-    algorithm = FedAvg(weighting="samples")
-    planner = RoundPlanner(Full(), algorithm, streams, channel=LossyChannel(uplink=list(uplink)), seed=3)
-    return Server(planner, algorithm, torch.zeros(num_parameters + extra), num_parameters=num_parameters, **options)
+# four clients holding 1, 2, 3 and 4 samples, FedAvg weighted by samples; client 3's upload is lost
+_server = four_client_server
 
 
 # ------------------------------------------------------------------------------------------ floating buffers
@@ -59,7 +45,7 @@ def test_buffers_are_averaged_over_the_arrived_clients_with_their_sample_counts(
 
 def test_buffers_stay_put_when_nothing_arrives():
     # Slip caught: a division by zero (or by the wrong count) when every upload is lost.
-    server = _server(num_parameters=1, extra=1, uplink=(0.999999,) * 4)
+    server = _server(num_parameters=1, extra=1, lost=(0, 1, 2, 3))
     assert not server.begin_round(0).arrives.any()
     for c in range(4):
         assert not server.submit(c, torch.tensor([1.0, 1.0]), 0.0)
