@@ -6,13 +6,12 @@ Written against the survivors of the ``fedacs`` mutation chunk (docs/testing.md)
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from lightning_fedhet.algorithms import FedACS
 from lightning_fedhet.algorithms._sampler import SystemEstimator
-from tests.algorithms.selection_rounds import F64, ctx_for, drive
+from tests.algorithms.selection_rounds import F64, drive
 
 
 def test_system_estimator_priors_and_what_counts_as_an_observation():
@@ -64,16 +63,6 @@ def test_fedacs_keeps_its_local_solver_and_checks_the_optimizer_against_it():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(ValueError, match=r"local_lr=0\.2\) does not match the optimizer's lr=0\.1"):
         algo.check_client_solver(optimizer, "reset")
-
-
-def test_a_round_reads_the_contexts_availability_only_through_the_estimator():
-    # One round with ema=1 and no draws arriving: pi_hat is the round's availability.
-    algo = FedACS(K=2, estimator="ema", ema=1.0)
-    algo.setup(3, torch.zeros(1, dtype=F64))
-    algo.select(0, torch.tensor([True, True, False]), np.random.default_rng(0))
-    algo.open_round(0, ctx_for(0, 3, [0, 1], [0, 1], []))
-    algo.close_round()
-    torch.testing.assert_close(algo.estimator.availability(), torch.tensor([1.0, 1.0, 0.0], dtype=F64))
 
 
 def test_hparams_report_the_constructor_arguments():
