@@ -39,7 +39,8 @@ from lightning_fedhet.algorithms.fedstale import StaleMemory
 from lightning_fedhet.distributed import ProcessGroupComm, local_view, place_clients
 from lightning_fedhet.engines.sharded import combine_logs
 from lightning_fedhet.federation import RoundPlan
-from lightning_fedhet.participation import UniformSample
+from lightning_fedhet.participation import Bernoulli, UniformSample
+from lightning_fedhet.system import UniformSteps
 from tests import ddp_worker as worker
 from tests.engines.test_contract import CASES, ROUNDS, _assert_same_run, _reference
 from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
@@ -334,6 +335,39 @@ def test_one_process_comm_and_round_logs_by_hand():
     assert list(combined) == ["loss", "top"]
     assert combined["loss"][:3] == (pytest.approx(14.0 / 8), 8, "mean")
     assert combined["top"][:3] == (7.0, 3, "max")
+
+
+@pytest.fixture
+def in_this_process():
+    """For a one-process FedHetDDPStrategy fit in the test process: Lightning initialises a one-member process group
+    here and sets its environment variables; both are undone afterwards."""
+    environ = dict(os.environ)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_one_process_in_this_process_equals_fedhetstrategy(in_this_process, engine: str):
+    # one process pads nothing and merges nothing, but the many-process engine's own loop runs (its round batches,
+    # the per-round aggregate of what training_step logs, the close at the last step) where the test sees it
+    def fit(strategy_class, **kwargs):
+        data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
+        strategy = strategy_class(participation=Bernoulli(0.7), local_steps=UniformSteps(1, 3), seed=4, engine=engine)
+        torch.manual_seed(0)
+        trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0, **kwargs)
+        trainer.fit(worker.LoggingClassifier(momentum=0.5), datamodule=data)
+        return strategy, trainer
+
+    many, many_trainer = fit(FedHetDDPStrategy, devices=1, accelerator="cpu")
+    assert many.comm.world_size == 1
+    one, one_trainer = fit(FedHetStrategy)
+    torch.testing.assert_close(many.global_params, one.global_params, rtol=1e-6, atol=1e-7)
+    assert [h["local_steps"] for h in many.history] == [h["local_steps"] for h in one.history]
+    # the last round's train_loss: the mean over every local step of the round, weighted by batch size
+    torch.testing.assert_close(many_trainer.callback_metrics["train_loss"], one_trainer.callback_metrics["train_loss"])
 
 
 def test_sharded_memory_keeps_its_rows_and_round_trips():

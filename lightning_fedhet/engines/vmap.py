@@ -376,21 +376,16 @@ class VmapCohort:
         loss_sum = self._loss_sum[: len(self.clients)]
         return torch.where(taken > 0, loss_sum / taken.clamp(min=1), torch.nan)
 
-    def _snapshot(self, rows: Tensor) -> dict:
-        state = {name: p.detach()[rows].clone() for name, p in self.params.items()}
-        opt_state = {}
-        for name, p in self.params.items():
-            for key, value in self.optimizer.state.get(p, {}).items():
-                if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == p.shape[0]:
-                    opt_state[(name, key)] = value[rows].clone()
-        return {"params": state, "opt": opt_state}
+    def _snapshot(self, rows: Tensor) -> dict[str, Tensor]:
+        """The finished clients' parameters, put back after the stacked optimizer step moved every row. Their
+        optimizer state moves too and is left so: a client never takes a step after its last one, and a cohort lives
+        one round (the vmap engine keeps no optimizer state across rounds), so nothing reads it again."""
+        return {name: p.detach()[rows].clone() for name, p in self.params.items()}
 
-    def _restore(self, rows: Tensor, saved: dict) -> None:
+    def _restore(self, rows: Tensor, saved: dict[str, Tensor]) -> None:
         with torch.no_grad():
-            for name, value in saved["params"].items():
+            for name, value in saved.items():
                 self.params[name][rows] = value
-            for (name, key), value in saved["opt"].items():
-                self.optimizer.state[self.params[name]][key][rows] = value
 
     def flat_params(self) -> Tensor:
         """Each client's parameters flattened in ``named_parameters`` order: ``[C, num_parameters]``."""
@@ -737,7 +732,7 @@ class VmapEngine(Engine):
             # round here against once per local step of every client under the sequential engine.
             raise VmapUnsupported(
                 "a learning-rate scheduler with interval='step' would advance once per round (one Lightning step) "
-                "instead of once per local step; use interval='epoch' (once per round) or"
+                "instead of once per local step; use interval='epoch' (once per round)"
             )
 
     def _members(self) -> list[tuple[Server, RoundPlan]]:

@@ -31,6 +31,15 @@ ALG = f"{PKG}/algorithms"
 SHARES = "tests/algorithms/test_round_shares.py"
 #: hand-computed examples of several rules in one file
 EXAMPLES = "tests/algorithms/test_independent_examples.py"
+#: the engine contract (every rule, every engine) and the vmap engine's own tests
+ENGINE_TESTS = ["tests/engines/test_contract.py", "tests/engines/test_vmap.py", "tests/test_server_options.py"]
+#: the engines' pieces by hand (engine="auto", the loss probe, the many-process round logs, the vmap helpers)
+ENGINE_PIECES = ["tests/engines/test_auto_choice.py", "tests/engines/test_engine_pieces.py",
+                 "tests/engines/test_vmap_pieces.py"]
+#: the many-process tests that run in the test process (mutmut sees no coverage in the two-process launch)
+IN_PROCESS_DDP = [f"tests/test_strategy_ddp.py::{name}" for name in (
+    "test_one_process_in_this_process_equals_fedhetstrategy", "test_one_process_comm_and_round_logs_by_hand",
+    "test_constructor_checks")]
 #: chunk -> (modules to mutate, tests that run against them)
 CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "server": ([f"{PKG}/server.py"], ["tests/test_server_options.py", "tests/test_server.py",
@@ -60,9 +69,11 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "base": ([f"{ALG}/base.py"], ["tests/algorithms/test_algorithm_protocol.py", "tests/algorithms/test_fedavg.py"]),
     "participation": ([f"{PKG}/participation/*"], ["tests/participation"]),
     "system": ([f"{PKG}/system/*"], ["tests/system", "tests/test_arrival_probabilities.py"]),
-    "engines": ([f"{PKG}/engines/base.py", f"{PKG}/engines/sequential.py", f"{PKG}/engines/vmap.py",
-                 f"{PKG}/engines/sharded.py"],
-                ["tests/engines/test_contract.py", "tests/engines/test_vmap.py", "tests/test_server_options.py"]),
+    "engines": ([f"{PKG}/engines/base.py", f"{PKG}/engines/sequential.py", f"{PKG}/engines/sharded.py",
+                 f"{PKG}/engines/auto.py"],
+                [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", *IN_PROCESS_DDP]),
+    # the vmap engine alone (it also stacks many seeds): the largest engine, with the slowest tests
+    "vmap": ([f"{PKG}/engines/vmap.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py"]),
 }
 
 

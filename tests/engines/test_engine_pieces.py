@@ -1,0 +1,152 @@
+"""The engines' shared pieces by hand: the loss probe CA-Fed selects on, the optimizer-state snapshots that
+``optimizer_state="persist"`` keeps per client, and how the many-process engine aggregates what ``training_step``
+logs over a round and merges it over processes."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_fedhet.engines.base import export_optimizer_state, import_optimizer_state, probe_losses
+from lightning_fedhet.engines.sharded import RoundLogs, combine_logs
+from lightning_fedhet.flat import FlatModel
+
+
+class _Affine(torch.nn.Module):
+    """``training_step`` = w * (sum of the batch) + b; returns a dict when asked; records batch_idx and logging."""
+
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(0.0))
+        self.b = torch.nn.Parameter(torch.tensor(0.0))
+        self.as_dict = as_dict
+        self.batch_indices: list[int] = []
+        self.logged: list[str] = []
+
+    def log(self, name, value, **kwargs) -> None:
+        self.logged.append(name)
+
+    def training_step(self, batch, batch_idx):
+        self.batch_indices.append(batch_idx)
+        self.log("train_loss", 0.0)
+        loss = self.w * batch.sum() + self.b
+        return {"loss": loss, "other": 7.0} if self.as_dict else loss
+
+
+class _Streams:
+    """Client c's probe batch at round r is the indices [10 r + c]; a batch is its indices as floats."""
+
+    def probe_indices(self, round: int, client: int) -> np.ndarray:
+        return np.array([10 * round + client])
+
+    def batch(self, indices: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(indices, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_probe_losses_are_each_available_clients_loss_at_the_global_model(as_dict: bool):
+    module = _Affine(as_dict)
+    has_data = torch.tensor([True, True, False, True, True])
+    server = SimpleNamespace(num_clients=5, global_vector=torch.tensor([2.0, 0.5]), planner=SimpleNamespace(
+        has_data=has_data), streams=_Streams())
+    available = torch.tensor([True, False, True, True, True])
+    moved: list = []
+
+    def to_device(batch):
+        moved.append(batch)
+        return batch
+
+    losses = probe_losses(module, FlatModel(module), server, to_device, 3, available)
+    # w_t = (w, b) = (2, 0.5); round 3: client c's batch is [30 + c], loss 2 (30 + c) + 0.5
+    # client 1 is unavailable, client 2 holds no data: NaN
+    assert losses.dtype == torch.float64
+    assert losses[[0, 3, 4]].tolist() == [60.5, 66.5, 68.5]
+    assert math.isnan(losses[1]) and math.isnan(losses[2])
+    assert module.batch_indices == [0, 0, 0] and len(moved) == 3
+    assert module.logged == []  # self.log is silenced during the probe ...
+    module.log("after", 1.0)
+    assert module.logged == ["after"]  # ... and given back
+    assert module.w.item() == 2.0 and module.b.item() == 0.5  # the module holds w_t, untrained
+
+
+def test_optimizer_state_snapshots_are_copies_both_ways():
+    param = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    param.grad = torch.ones(2)
+    optimizer.step()
+    optimizer.state[param]["visits"] = 3  # a non-tensor entry is kept as it is
+    snapshot = export_optimizer_state(optimizer)
+    assert list(snapshot) == [0] and snapshot[0]["visits"] == 3
+    assert snapshot[0]["momentum_buffer"].tolist() == [1.0, 1.0]
+    optimizer.step()  # the optimizer's buffer moves on in place (0.9 * 1 + 1); the snapshot does not
+    assert snapshot[0]["momentum_buffer"].tolist() == [1.0, 1.0]
+
+    other = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    import_optimizer_state(other, snapshot)
+    other.step()  # 0.9 * 1 + 1 in the imported buffer; the snapshot it came from stays
+    assert other.state[param]["momentum_buffer"].tolist() == pytest.approx([1.9, 1.9])
+    assert snapshot[0]["momentum_buffer"].tolist() == [1.0, 1.0] and other.state[param]["visits"] == 3
+
+
+def test_round_logs_keep_each_names_aggregate_over_the_round():
+    logs = RoundLogs()
+    logs.batch = (torch.zeros(4, 5), torch.zeros(4))  # batch size 4, as Lightning would extract it
+    logs("loss", torch.tensor(2.0), prog_bar=True)
+    logs("loss", 1.0, batch_size=2)
+    logs("seen", 3, reduce_fx="sum", logger=False)
+    logs("seen", torch.tensor([4.0]), reduce_fx=torch.sum)
+    logs("top", -5.0, reduce_fx="max")
+    logs("top", -7.0, reduce_fx=torch.max)
+    logs("low", 5.0, reduce_fx="min")
+    logs("low", 7.0, reduce_fx="min")
+    logs("avg", 1.5, reduce_fx="avg")
+    assert logs.aggregates() == {
+        "loss": ("mean", 2.0 * 4 + 1.0 * 2, 6, True, None),  # sum of value * batch size, summed sizes
+        "seen": ("sum", 7.0, 8, False, False),
+        "top": ("max", -5.0, 8, False, None),  # all negative: the start is -inf, not 0
+        "low": ("min", 5.0, 8, False, None),  # all positive: the start is +inf, not 0
+        "avg": ("mean", 1.5 * 4, 4, False, None),
+    }
+    logs.clear()
+    assert logs.aggregates() == {}
+
+
+def test_round_logs_refuse_what_cannot_be_merged_naming_the_call():
+    logs = RoundLogs()
+    logs.batch = torch.zeros(3, 2)
+    with pytest.raises(ValueError) as err:
+        logs("loss", 1.0, reduce_fx="median")
+    assert str(err.value) == "self.log('loss', reduce_fx='median'): use 'mean', 'sum', 'max' or 'min'"
+    with pytest.raises(ValueError) as err:
+        logs("acc", torch.ones(2))
+    assert str(err.value) == "self.log('acc', ...) needs a scalar, got a tensor of shape (2,)"
+    with pytest.raises(TypeError, match=r"^self.log\('m', <dict>\) in training_step: FedHetDDPStrategy aggregates"):
+        logs("m", {"value": 1.0})
+    logs("loss", 1.0)
+    with pytest.raises(ValueError) as err:
+        logs("loss", 1.0, reduce_fx="sum")
+    assert str(err.value) == "self.log('loss') was called with reduce_fx 'mean' and 'sum' in a round"
+
+
+def test_combine_logs_merges_processes_like_one_process():
+    rank0 = {"loss": ("mean", 6.0, 3, True, None), "seen": ("sum", 2.0, 3, False, False),
+             "top": ("max", -4.0, 3, False, None), "low": ("min", 2.0, 3, False, None)}
+    rank1 = {"loss": ("mean", 10.0, 2, False, True), "seen": ("sum", 5.0, 2, True, True),
+             "top": ("max", -1.0, 2, False, None), "low": ("min", 3.0, 2, False, None),
+             "empty": ("mean", 0.0, 0, False, None)}
+    combined = combine_logs([rank0, rank1])
+    assert list(combined) == ["empty", "loss", "low", "seen", "top"]  # sorted: the same order on every process
+    assert combined["loss"] == (16.0 / 5, 5, "mean", True, None)  # flags of the first process that logged it
+    assert combined["seen"] == (7.0, 5, "sum", False, False)
+    assert combined["top"] == (-1.0, 5, "max", False, None)
+    assert combined["low"] == (2.0, 5, "min", False, None)
+    value, count, *rest = combined["empty"]
+    assert math.isnan(value) and count == 0 and rest == ["mean", False, None]
+    # the other rank order gives the same values
+    swapped = combine_logs([rank1, rank0])
+    assert {k: v[:3] for k, v in swapped.items() if k != "empty"} == {
+        k: v[:3] for k, v in combined.items() if k != "empty"}

@@ -1,0 +1,141 @@
+"""The vmap engine's small pieces by hand: padding a cohort to its compiled bucket, concatenating and slicing
+stacked batches, the state layout's vectors, the texts of its refusals, and what a vmap fit logs.
+
+The contract tests (``test_contract.py``) check the engine's results against the sequential engine; these pin the
+helpers those results rest on, including the ones only the compiled path uses (which run outside torch.compile
+here, so mutation testing sees them).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.engines._compiled import VmapUnsupported
+from lightning_fedhet.engines.vmap import (
+    StateLayout,
+    VmapEngine,
+    _clone_tree,
+    _pad_batch,
+    _pad_rows,
+    _slice_tree,
+    cat_batches,
+    padded_size,
+)
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+
+
+def test_padded_size_buckets_by_hand():
+    # step = max(8, 2 ** (bit_length(size) - 4)); the size rounded up to a multiple of the step
+    cases = {0: 0, 1: 8, 7: 8, 8: 8, 9: 16, 16: 16, 17: 24, 31: 32, 32: 32, 33: 40, 63: 64, 64: 64, 65: 72,
+             127: 128, 128: 128, 129: 144, 200: 208, 255: 256, 256: 256, 257: 288, 1000: 1024}
+    assert {size: padded_size(size) for size in cases} == cases
+    for size in range(1, 600):  # at most 7 rows or 12.5 % of padding, never fewer rows than clients
+        assert size <= padded_size(size) <= size + max(7, size // 8)
+
+
+def test_pad_rows_repeats_row_zero():
+    t = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert _pad_rows(t, 2) is t
+    assert _pad_rows(t, 5).tolist() == [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]
+    cube = torch.arange(12.0).reshape(2, 3, 2)
+    padded = _pad_rows(cube, 3)
+    assert padded.shape == (3, 3, 2) and torch.equal(padded[2], cube[0]) and torch.equal(padded[:2], cube)
+
+
+def test_pad_batch_pads_every_tensor_of_a_nested_batch():
+    x, y = torch.arange(6.0).reshape(2, 3), torch.tensor([7, 8])
+    padded = _pad_batch({"x": x, "pair": (y, [y]), "name": "keep"}, 3)
+    assert padded["x"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [0.0, 1.0, 2.0]]
+    assert isinstance(padded["pair"], tuple) and isinstance(padded["pair"][1], list)
+    assert padded["pair"][0].tolist() == [7, 8, 7] and padded["pair"][1][0].tolist() == [7, 8, 7]
+    assert padded["name"] == "keep"
+
+
+def test_slice_and_clone_trees():
+    tree = {"a": torch.arange(4.0), "b": (torch.ones(4, 2), [torch.zeros(4)]), "n": 3}
+    cut = _slice_tree(tree, 2)
+    assert cut["a"].tolist() == [0.0, 1.0] and cut["b"][0].shape == (2, 2) and cut["b"][1][0].shape == (2,)
+    assert isinstance(cut["b"], tuple) and isinstance(cut["b"][1], list) and cut["n"] == 3
+    copy = _clone_tree(tree)
+    tree["a"].add_(10.0)
+    tree["b"][1][0].add_(1.0)
+    assert copy["a"].tolist() == [0.0, 1.0, 2.0, 3.0] and copy["b"][1][0].tolist() == [0.0] * 4
+    assert isinstance(copy["b"], tuple) and isinstance(copy["b"][1], list) and copy["n"] == 3
+
+
+def test_cat_batches_along_the_client_dimension():
+    one = torch.zeros(1, 2)
+    assert cat_batches([one]) is one  # a single group's batch is used as it is
+    a, b = torch.zeros(1, 2), torch.ones(2, 2)
+    assert cat_batches([a, b]).tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+    pairs = cat_batches([(a, torch.tensor([[1]])), (b, torch.tensor([[2], [3]]))])
+    assert isinstance(pairs, tuple) and pairs[0].shape == (3, 2) and pairs[1].flatten().tolist() == [1, 2, 3]
+    lists = cat_batches([[a], [b], [a]])
+    assert isinstance(lists, list) and lists[0].shape == (4, 2)
+    dicts = cat_batches([{"x": a, "y": torch.tensor([5])}, {"x": b, "y": torch.tensor([6, 7])}])
+    assert dicts["x"].shape == (3, 2) and dicts["y"].tolist() == [5, 6, 7]
+    with pytest.raises(TypeError) as err:
+        cat_batches([np.zeros(2), np.ones(2)])
+    assert str(err.value) == "batches of type ndarray cannot be concatenated per client"
+
+
+class _Buffers(TinyClassifier):
+    """A float buffer and integer buffers of several shapes, between the parameters."""
+
+    def __init__(self) -> None:
+        super().__init__(in_features=2, num_classes=2)
+        self.register_buffer("scale", torch.tensor([0.5, 1.5]))
+        self.register_buffer("counts", torch.tensor([[1, 2], [3, 4]], dtype=torch.int32))
+        self.register_buffer("seen", torch.tensor(9, dtype=torch.int64))
+
+
+def test_state_layout_vectors_by_hand():
+    module = _Buffers()
+    with torch.no_grad():
+        module.linear.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        module.linear.bias.copy_(torch.tensor([5.0, 6.0]))
+    layout = StateLayout(module)
+    floats, ints = layout.current()
+    assert layout.num_parameters == 6
+    assert floats.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.5, 1.5]  # parameters, then floating buffers
+    assert ints.dtype == torch.int64 and ints.tolist() == [1, 2, 3, 4, 9]  # integer buffers flattened, int64
+    floats, ints = StateLayout(TinyClassifier()).current()
+    assert floats.shape == (5 * 3 + 3,) and ints.dtype == torch.int64 and ints.shape == (0,)
+
+
+def test_a_step_scheduler_is_refused_with_the_whole_reason():
+    engine = VmapEngine()
+    engine.check_lr_schedulers(["epoch"])
+    with pytest.raises(VmapUnsupported) as err:
+        engine.check_lr_schedulers(["epoch", "step"])
+    assert str(err.value) == (
+        "engine='vmap' cannot run this: a learning-rate scheduler with interval='step' would advance once per round "
+        "(one Lightning step) instead of once per local step; use interval='epoch' (once per round). Use "
+        "engine='sequential' instead."
+    )
+
+
+class _Logging(TinyClassifier):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_a_vmap_fit_logs_the_round_mean_once_per_round_and_says_nothing_about_its_none():
+    data = FederatedDataModule(toy_dataset(40), [np.arange(i * 10, (i + 1) * 10) for i in range(4)], batch_size=5)
+    strategy = FedHetStrategy(local_steps=2, seed=0, engine="vmap")
+    trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(_Logging(), datamodule=data)
+    # the cohort steps its own copies and returns None to Lightning on purpose: no warning about it reaches the user
+    assert not [w for w in caught if "returned `None`" in str(w.message)]
+    # one value per round (on_epoch only): no "_step" / "_epoch" variants
+    assert "train_loss" in trainer.callback_metrics
+    assert not [k for k in trainer.callback_metrics if k.startswith("train_loss_")]
