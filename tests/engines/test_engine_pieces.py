@@ -11,9 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet.engines.base import export_optimizer_state, import_optimizer_state, probe_losses
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet.engines.base import (
+    apply_client_config,
+    export_optimizer_state,
+    import_optimizer_state,
+    probe_losses,
+)
+from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.sharded import RoundLogs, combine_logs
+from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
+from lightning_fedhet.participation import Trace
+from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 
 class _Affine(torch.nn.Module):
@@ -150,3 +160,58 @@ def test_combine_logs_merges_processes_like_one_process():
     swapped = combine_logs([rank1, rank0])
     assert {k: v[:3] for k, v in swapped.items() if k != "empty"} == {
         k: v[:3] for k, v in combined.items() if k != "empty"}
+
+
+class _Indexed(TinyClassifier):
+    """Records the batch_idx Lightning gives each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_indices: list = []
+
+    def training_step(self, batch, batch_idx):
+        self.batch_indices.append(batch_idx)
+        return super().training_step(batch, batch_idx)
+
+
+def _sequential_fit(model, rounds: int, **options) -> FedHetStrategy:
+    data = FederatedDataModule(toy_dataset(30), [np.arange(i * 10, (i + 1) * 10) for i in range(3)], batch_size=5)
+    strategy = FedHetStrategy(seed=1, engine="sequential", **options)
+    quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0).fit(model, datamodule=data)
+    return strategy
+
+
+def test_rounds_of_no_step_and_of_one_step():
+    # round 0: every client available, one local step each -> 3 steps; then one client of one step, then nobody
+    trace = torch.tensor([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
+    model = _Indexed()
+    strategy = _sequential_fit(model, 4, participation=Trace(trace), local_steps=1)
+    history = strategy.history
+    assert [h["received"].tolist() for h in history] == [[0, 1, 2], [1], [], [0]]
+    assert all(h["complete"] for h in history)  # a round nobody trains in is closed as a whole round
+    assert model.batch_indices == [0, 1, 2, 0, 0]  # Lightning's index inside each round, passed on as it is
+    assert strategy.server.next_round == 4
+
+
+def test_engines_refuse_compile_where_unsupported():
+    with pytest.raises(ValueError) as err:
+        SequentialEngine(compile=True)
+    assert str(err.value) == "compile=True is not supported by engine='sequential'; use engine='vmap'"
+    assert VmapEngine(compile=True).compile is True
+
+
+def test_a_rule_that_sends_a_config_needs_configure_client():
+    class Rule:
+        pass
+
+    apply_client_config(TinyClassifier(), Rule(), {})  # nothing to send: nothing asked of the module
+    with pytest.raises(TypeError) as err:
+        apply_client_config(TinyClassifier(), Rule(), {"exit": 1, "depth": 2})
+    assert str(err.value) == (
+        "Rule sends ['depth', 'exit'] to each client: the LightningModule must define configure_client(**config) "
+        "(EarlyExitClassifier does)")
+    seen = []
+    module = TinyClassifier()
+    module.configure_client = lambda **config: seen.append(config)
+    apply_client_config(module, Rule(), {"exit": 1})
+    assert seen == [{"exit": 1}]
