@@ -21,6 +21,10 @@ from torch import nn
 from lightning_fedhet.engines import _compiled
 from lightning_fedhet.engines.vmap import VmapCohort, padded_size
 
+#: tests that replace torch.compile by the identity or never compile: mutation testing can run them (mutmut's
+#: trampolines cannot be compiled; its chunks deselect "compile" tests but these)
+WITHOUT_COMPILER = pytest.mark.without_compiler
+
 STEPS = np.array([5, 3, 1, 4])  # unequal local steps: clients 1-3 finish early and must not move after that
 
 
@@ -118,16 +122,35 @@ def identity_compile(monkeypatch):
     monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
 
 
+class Indexed(Wrapped):
+    """Records the batch_idx each (traced) step is given; the identity "compile" runs it as plain Python."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.batch_indices: list = []
+
+    def training_step(self, batch, batch_idx):
+        self.batch_indices.append(batch_idx)
+        return super().training_step(batch, batch_idx)
+
+
+@WITHOUT_COMPILER
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_fused_update_equals_per_client_torch_optim(name, identity_compile):
     make = OPTIMIZERS[name]
     data = batches((6,))
-    cohort, _ = run_cohort(Wrapped(logistic()), make, data, STEPS, compile=True)
+    module = Indexed(logistic())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a silent fall-back to eager would make this test vacuous
+        cohort, _ = run_cohort(module, make, data, STEPS, compile=True)
+    assert cohort.compiled_entry is not None and cohort.compiled_entry.failed is None
+    assert module.batch_indices == [0, 1, 2, 3, 4]  # local step k is the k-th batch of the round
     expected, expected_losses = per_client_reference(logistic(), make, data, STEPS)
     torch.testing.assert_close(cohort.flat_params(), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(cohort.mean_losses(), expected_losses, atol=1e-6, rtol=0)
 
 
+@WITHOUT_COMPILER
 def test_frozen_parameter_stays_put_under_the_fused_step(identity_compile):
     net = logistic()
     net.bias.requires_grad_(False)
@@ -174,6 +197,7 @@ def test_compile_failure_falls_back_with_one_warning_naming_the_cause():
     torch.testing.assert_close(second.flat_params(), expected, atol=1e-6, rtol=0)
 
 
+@WITHOUT_COMPILER
 @pytest.mark.parametrize("optimizer", ["sgd-momentum-wd", "adam-wd"])
 def test_failure_in_mid_round_hands_the_state_to_torch_optim(optimizer, monkeypatch):
     """A recompilation that fails at local step 2: steps 0-1 ran fused, the rest eagerly from the same state."""
@@ -199,6 +223,7 @@ def test_failure_in_mid_round_hands_the_state_to_torch_optim(optimizer, monkeypa
     torch.testing.assert_close(cohort.mean_losses(), expected_losses, atol=1e-6, rtol=0)
 
 
+@WITHOUT_COMPILER
 def test_uncompiled_cohort_accumulates_mean_losses_per_client():
     make = OPTIMIZERS["sgd"]
     data = batches((6,))
@@ -207,6 +232,7 @@ def test_uncompiled_cohort_accumulates_mean_losses_per_client():
     torch.testing.assert_close(cohort.mean_losses(), expected_losses, atol=1e-6, rtol=0)
 
 
+@WITHOUT_COMPILER
 @pytest.mark.parametrize("bad", ["fast", 1, None])
 def test_compile_argument_is_validated(bad):
     module = Wrapped(logistic())
@@ -214,6 +240,7 @@ def test_compile_argument_is_validated(bad):
         VmapCohort(module, OPTIMIZERS["sgd"](module.net), [0, 1], np.array([1, 1]), compile=bad)
 
 
+@WITHOUT_COMPILER
 @pytest.mark.parametrize(
     ("size", "bucket"), [(1, 8), (4, 8), (8, 8), (9, 16), (38, 40), (64, 64), (65, 72), (130, 144), (1000, 1024)]
 )

@@ -15,6 +15,7 @@ The ``[tool.mutmut]`` section of ``pyproject.toml`` is the whole-package configu
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -73,7 +74,8 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                  f"{PKG}/engines/auto.py"],
                 [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", *IN_PROCESS_DDP]),
     # the vmap engine alone (it also stacks many seeds): the largest engine, with the slowest tests
-    "vmap": ([f"{PKG}/engines/vmap.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py"]),
+    "vmap": ([f"{PKG}/engines/vmap.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
+                                          "tests/engines/test_vmap_compile.py"]),
 }
 
 
@@ -87,8 +89,9 @@ def _section(modules: list[str], tests: list[str]) -> str:
         f"only_mutate = {toml_list(modules)}",
         'also_copy = ["model_zoo/", "callbacks/"]',
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-W", "ignore"]',
-        # torch.compile cannot trace mutmut's trampolines: the compiled-engine tests are left out
-        f"pytest_add_cli_args_test_selection = {toml_list(tests + ['-k', 'not compile'])}",
+        # torch.compile cannot trace mutmut's trampolines: the tests that compile for real are left out (those marked
+        # without_compiler replace torch.compile by the identity; -k matches marks as keywords)
+        f"pytest_add_cli_args_test_selection = {toml_list(tests + ['-k', 'not compile or without_compiler'])}",
         'process_isolation = "forkserver"',
         "",
     ])
@@ -116,7 +119,8 @@ def _change(mutmut: str, work: Path, env: dict, mutant: str) -> str:
     return " | ".join(" ".join(line.split()) for line in lines)
 
 
-def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None, show_changes: bool = False) -> int:
+def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None, show_changes: bool = False,
+              only: list[str] | None = None) -> int:
     modules, tests = CHUNKS[name]
     work = ROOT / ".mutation" / (name if rev is None else f"{name}@{rev}")
     if work.exists():
@@ -131,8 +135,8 @@ def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None, show_c
     pyproject = re.sub(r"\n\[tool\.mutmut\]\n.*?(?=\n\[|\Z)", "\n", pyproject, flags=re.S)
     (work / "pyproject.toml").write_text(pyproject.rstrip("\n") + "\n\n" + _section(modules, tests))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    run = subprocess.run([mutmut, "run", "--max-children", str(cores)], cwd=work, env=env, capture_output=True,
-                         text=True)
+    run = subprocess.run([mutmut, "run", "--max-children", str(cores), *(only or [])], cwd=work, env=env,
+                         capture_output=True, text=True)
     if run.returncode != 0 or "failed to collect stats" in run.stdout:
         # e.g. a selected test fails on the unmutated tree (mutmut then mutates nothing): say so instead of "0 mutants"
         tail = "\n".join((run.stdout + run.stderr).replace("\r", "\n").splitlines()[-5:])
@@ -140,6 +144,8 @@ def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None, show_c
         return 1
     out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
     lines = [line.strip() for line in out.stdout.splitlines() if ":" in line]
+    if only:  # the named mutants only (fnmatch patterns, as mutmut matches them)
+        lines = [line for line in lines if any(fnmatch.fnmatch(line.rsplit(":", 1)[0], pat) for pat in only)]
     status = [line.rsplit(":", 1)[1].strip() for line in lines]
     killed = status.count("killed")
     survived = [line.rsplit(":", 1)[0] for line, s in zip(lines, status) if s == "survived"]
@@ -164,6 +170,9 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the chunks and exit")
     parser.add_argument("--changes", action="store_true", help="print each survivor's change (mutmut show)")
     parser.add_argument("--rev", help="mutate this committed revision instead of the working tree (e.g. a 'before')")
+    parser.add_argument("--only", metavar="FILE",
+                        help="run only the mutants named in FILE (one name or fnmatch pattern per line), e.g. the "
+                             "survivors of an earlier run against tests added since")
     args = parser.parse_args()
     if args.list or not args.chunks:
         for name, (modules, tests) in CHUNKS.items():
@@ -174,7 +183,8 @@ def main() -> int:
     for name in args.chunks:
         if name not in CHUNKS:
             parser.error(f"unknown chunk {name!r}; choose from {sorted(CHUNKS)}")
-        status = max(status, run_chunk(name, args.cores, mutmut, args.rev, args.changes))
+        only = Path(args.only).read_text().split() if args.only else None
+        status = max(status, run_chunk(name, args.cores, mutmut, args.rev, args.changes, only))
     return status
 
 
