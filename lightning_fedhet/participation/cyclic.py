@@ -103,11 +103,11 @@ class Cyclic(ProbabilityProcess):
         a, inactive, c = self.active, self.inactive, self._cycle
         hi = t % c  # residue of u = 0; the window is hi, hi-1, ..., hi-I+1 (mod c)
         lo = hi - inactive + 1
-        # the window is I <= c - 1 long (active >= 1), so it wraps below 0 at most once: [max(lo, 0), hi] and, when
-        # lo < 0, [lo + c, c - 1]
-        direct = np.clip(np.minimum(hi, a - 1) - np.maximum(lo, 0) + 1, 0, None)
-        wrapped = np.where(lo < 0, np.clip(np.minimum(c - 1, a - 1) - (lo + c) + 1, 0, None), 0)
-        return torch.as_tensor((direct + wrapped) / inactive, dtype=torch.float64)
+        # The window holds I = c - a residues. Where it wraps below 0, the wrapped part is [lo + c, c - 1] =
+        # [hi + a + 1, c - 1], above every active residue [0, a - 1]; so the active ones in the window are those of
+        # [max(lo, 0), min(hi, a - 1)], a count that is never negative (lo > a - 1 would need hi > c - 1).
+        on = np.minimum(hi, a - 1) - np.maximum(lo, 0) + 1
+        return torch.as_tensor(on / inactive, dtype=torch.float64)
 
     def __repr__(self) -> str:
         return f"Cyclic(period={self.period}, p={fmt_spec(self._p_spec)}, offset={self.offset!r})"

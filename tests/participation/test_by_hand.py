@@ -1,0 +1,137 @@
+"""Availability processes checked where the mutation run found them unchecked: Cyclic's round-by-round marginal
+under ``offset="inactive"`` against a brute-force count, CA-Fed's classes with the released code's composition and
+its clipping of ``lam``, recorded traces loaded from every file type, and uniform sampling's mask."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_fedhet.participation import CAFedClasses, Cyclic, Trace, UniformSample
+
+
+def _brute_force_marginal(active: int, inactive: int, t: int) -> float:
+    """The definition: the first active round u is uniform on {0, ..., inactive - 1}; the client is on in round t
+    iff (t - u) mod (active + inactive) < active."""
+    cycle = active + inactive
+    return sum((t - u) % cycle < active for u in range(inactive)) / inactive
+
+
+@pytest.mark.parametrize(("period", "p"), [(5, 0.2), (5, 0.6), (7, 0.5), (10, 0.8), (4, 0.0), (4, 1.0), (1, 0.5)])
+def test_cyclic_inactive_offset_marginal_equals_a_brute_force_count(period: int, p: float):
+    cyclic = Cyclic(period, p, offset="inactive")
+    cyclic.setup(3, seed=0)
+    active, inactive = int(cyclic.active[0]), int(cyclic.inactive[0])
+    for t in range(3 * (active + inactive) + 1):
+        got = cyclic.marginal_probs(t)
+        assert got.dtype == torch.float64
+        assert got.tolist() == [pytest.approx(_brute_force_marginal(active, inactive, t), abs=1e-15)] * 3, t
+    # over one cycle the marginal averages to the long-run frequency p = active / cycle
+    cycle = active + inactive
+    mean = sum(cyclic.marginal_probs(t)[0].item() for t in range(cycle)) / cycle
+    assert mean == pytest.approx(active / cycle, abs=1e-12)
+
+
+def test_cyclic_marginal_by_hand_with_a_wrapping_window():
+    # period 5, p = 0.4: active 2, inactive 3, cycle 5; u in {0, 1, 2}; on iff (t - u) mod 5 in {0, 1}
+    cyclic = Cyclic(5, 0.4, offset="inactive")
+    cyclic.setup(1, seed=0)
+    # t=0: x = 0, 4, 3 -> 1 on; t=1: 1, 0, 4 -> 2; t=2: 2, 1, 0 -> 2; t=3: 3, 2, 1 -> 1; t=4: 4, 3, 2 -> 0
+    assert [cyclic.marginal_probs(t).item() for t in range(6)] == pytest.approx([1 / 3, 2 / 3, 2 / 3, 1 / 3, 0, 1 / 3])
+    assert repr(cyclic) == "Cyclic(period=5, p=0.4, offset='inactive')"
+
+
+def test_cafed_classes_code_composition_and_clipping_by_hand():
+    n, seed = 8, 3
+    # shuffle=False: clients 0-3 more available, 4-7 less; thesis classes 0,0,1,1,2,2,3,3; code 1,1,1,1,2,2,3,3
+    thesis = CAFedClasses(g=0.2, nu=0.5, eps=0.05, composition="thesis", shuffle=False)
+    code = CAFedClasses(g=0.2, nu=0.5, eps=0.05, composition="code", shuffle=False)
+    assert thesis.classes(n, seed).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert code.classes(n, seed).tolist() == [1, 1, 1, 1, 2, 2, 3, 3]
+    pi_t, lam_t = thesis.resolve(n, seed)
+    pi_c, lam_c = code.resolve(n, seed)
+    assert pi_t.tolist() == pi_c.tolist() == pytest.approx([0.7] * 4 + [0.3] * 4)
+    assert lam_t[[0, 1, 4, 5]].tolist() == lam_c[[4, 5]].tolist() * 2 == [0.5] * 4  # correlated: nu
+    weak = [2, 3, 6, 7]
+    # the weak clients draw eps * z, the same z in both compositions; thesis: lam = eps z, code: (eps z + eps) / 2
+    # (no clipping: the feasible range is [1 - 1/0.7, 1) = [-0.43, 1))
+    np.testing.assert_allclose(lam_c[weak], 0.5 * (lam_t[weak] + 0.05), rtol=0, atol=1e-15)
+    assert np.all(np.abs(lam_t[weak]) < 0.25) and len(set(lam_t[weak].tolist())) == 4
+
+
+def test_cafed_classes_clip_lam_to_the_feasible_range():
+    # pi = 0.9 or 0.1: lam must lie in [max(1 - 1/pi, 1 - 1/(1 - pi)), 1) = [-1/9, 1)
+    low = 1.0 - 1.0 / 0.9
+    pi, lam = CAFedClasses(g=0.4, nu=-0.9, eps=0.01, shuffle=False).resolve(8, 0)
+    assert lam[[0, 1, 4, 5]] == pytest.approx([low] * 4, abs=1e-15)  # nu = -0.9 clipped up
+    _, lam = CAFedClasses(g=0.4, nu=0.5, eps=50.0, shuffle=False).resolve(400, 0)
+    weak = np.r_[100:200, 300:400]
+    top = np.nextafter(1.0, 0.0)
+    assert lam.max() == top and lam.min() == pytest.approx(low, abs=1e-15)  # huge noise: both ends reached
+    assert np.all((lam[weak] == top) | (lam[weak] == pytest.approx(low, abs=1e-15)) | (np.abs(lam[weak]) < 1))
+
+
+def test_cafed_classes_arguments():
+    assert CAFedClasses().shuffle is True and CAFedClasses(eps=0.0).eps == 0.0
+    with pytest.raises(ValueError, match=r"^eps must be"):
+        CAFedClasses(eps=float("inf"))
+    with pytest.raises((TypeError, ValueError), match=r"^shuffle must be"):
+        CAFedClasses(shuffle="yes")
+
+
+def test_trace_files_of_every_type(tmp_path):
+    mask = np.array([[1, 0, 1], [0, 0, 1]])
+    np.save(tmp_path / "t.npy", mask)
+    np.savez(tmp_path / "one.npz", anything=mask)
+    np.savez(tmp_path / "named.npz", other=np.ones((2, 3)), mask=mask)
+    np.savez(tmp_path / "two.npz", a=mask, b=mask)
+    np.savetxt(tmp_path / "t.csv", mask, delimiter=",", fmt="%d")
+    np.savetxt(tmp_path / "row.csv", mask[:1], delimiter=",", fmt="%d")  # one round: still [T, N] = [1, 3]
+    for name in ("t.npy", "one.npz", "named.npz", "t.csv"):
+        trace = Trace(tmp_path / name)
+        assert trace.mask.dtype == bool and trace.mask.tolist() == mask.astype(bool).tolist(), name
+        assert repr(trace) == f"Trace(mask={str(tmp_path / name)!r}, shape=(2, 3))"
+    assert Trace(tmp_path / "row.csv").mask.shape == (1, 3)
+    with pytest.raises(ValueError) as err:
+        Trace(tmp_path / "two.npz")
+    assert str(err.value) == (f"mask: {str(tmp_path / 'two.npz')!r} holds arrays ['a', 'b']; name the trace 'mask' "
+                              "or store only one array")
+    (tmp_path / "t.txt").write_text("1,0\n")
+    with pytest.raises(ValueError) as err:
+        Trace(tmp_path / "t.txt")
+    path = str(tmp_path / "t.txt")
+    assert str(err.value) == f"mask: unsupported file type '.txt' for {path!r}; use .npy, .npz or .csv"
+    np.save(tmp_path / "objects.npy", np.array([[1, None]], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError):  # never unpickles a file
+        Trace(tmp_path / "objects.npy")
+
+
+def test_trace_from_arrays_and_tensors():
+    trace = Trace(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]], requires_grad=True))
+    assert trace.mask.tolist() == [[True, False], [True, True], [False, False]]
+    assert repr(trace) == "Trace(mask=<array>, shape=(3, 2))"
+    trace.setup(2)
+    assert trace.p.dtype == torch.float64 and trace.p.tolist() == pytest.approx([2 / 3, 1 / 3])
+    assert Trace([[1]]).mask.tolist() == [[True]]  # one round, one client
+    for bad in ([[]], np.zeros((0, 2)), np.zeros((2, 0)), [1, 0]):
+        with pytest.raises(ValueError, match=r"^mask must have shape \[T, N\]"):
+            Trace(bad)
+    with pytest.raises(ValueError, match=r"^mask must hold only 0/1"):
+        Trace([[0, 2]])
+    with pytest.raises(ValueError, match=r"^mask must be a \[T, N\] array of 0/1 values, got list"):
+        Trace([[1], [1, 0]])  # ragged
+
+
+def test_uniform_sample_chooses_exactly_k_as_a_bool_mask():
+    sample = UniformSample(2)
+    sample.setup(5, seed=0)
+    assert sample.p.tolist() == pytest.approx([0.4] * 5)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        mask = sample.choose(np.array([1, 1, 0, 1, 1]), rng)
+        assert mask.dtype == bool and mask.sum() == 2 and not mask[2]
+    assert sample.choose(np.array([0, 1, 0, 0, 1]), rng).tolist() == [False, True, False, False, True]
+    assert sample.choose(np.array([0, 0, 0, 1, 0]), rng).tolist() == [False, False, False, True, False]
+    drawn = sample.sample(3)
+    assert drawn.dtype == torch.bool and int(drawn.sum()) == 2
