@@ -1,6 +1,7 @@
 """Availability processes checked where the mutation run found them unchecked: Cyclic's round-by-round marginal
 under ``offset="inactive"`` against a brute-force count, CA-Fed's classes with the released code's composition and
-its clipping of ``lam``, recorded traces loaded from every file type, and uniform sampling's mask."""
+its clipping of ``lam``, recorded traces loaded from every file type, uniform sampling's mask, and the seeded
+streams the recipes draw from."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet.participation import CAFedClasses, Cyclic, Trace, UniformSample
+from lightning_fedhet.participation import CAFedClasses, Cyclic, Trace, TwoGroup, UniformSample
+from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream
 
 
 def _brute_force_marginal(active: int, inactive: int, t: int) -> float:
@@ -135,3 +137,30 @@ def test_uniform_sample_chooses_exactly_k_as_a_bool_mask():
     assert sample.choose(np.array([0, 0, 0, 1, 0]), rng).tolist() == [False, False, False, True, False]
     drawn = sample.sample(3)
     assert drawn.dtype == torch.bool and int(drawn.sum()) == 2
+
+
+def _documented_stream(seed: int, key: int) -> np.random.Generator:
+    """The counter-based seeding the docs describe, written out: Philox keyed by (seed, stream, STATIC_KEY, key)."""
+    entropy = [seed, int(Stream.PARTICIPATION), int(STATIC_KEY), int(key)]
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(entropy)))
+
+
+def test_recipes_draw_from_their_own_documented_streams():
+    # a recipe that drew from another stream would change every published result for the same seed
+    low = TwoGroup(0.1).low_group(10, seed=5)
+    assert low.dtype == bool
+    assert np.flatnonzero(low).tolist() == sorted(_documented_stream(5, StaticKey.TWO_GROUP).permutation(10)[:5])
+    classes = CAFedClasses(shuffle=True).classes(8, seed=5)
+    unshuffled = CAFedClasses(shuffle=False).classes(8, seed=5)
+    assert classes.tolist() == unshuffled[_documented_stream(5, StaticKey.CAFED_CLASSES).permutation(8)].tolist()
+    _, lam = CAFedClasses(g=0.2, eps=0.1, shuffle=False).resolve(8, seed=5)
+    noise = _documented_stream(5, StaticKey.CAFED_LAMBDA).normal(0.0, 0.1, 8)
+    assert lam[[2, 3, 6, 7]].tolist() == noise[[2, 3, 6, 7]].tolist()  # the weakly correlated clients
+
+
+def test_two_group_arguments_and_contiguous_groups():
+    assert TwoGroup(0.1).shuffle is True
+    assert TwoGroup(0.1, p_max=0.5, shuffle=False).resolve(4, 0).tolist() == [0.5, 0.5, 0.1, 0.1]
+    assert TwoGroup(0.1, p_max=0.0).p_max == 0.0
+    with pytest.raises(ValueError, match=r"^p_max must lie in \[0, 1\], got 1.5$"):
+        TwoGroup(0.1, p_max=1.5)
