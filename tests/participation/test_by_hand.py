@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet.participation import CAFedClasses, Cyclic, Trace, TwoGroup, UniformSample
+from lightning_fedhet.participation import CAFedClasses, Cyclic, LabelCorrelated, Trace, TwoGroup, UniformSample
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream
 
 
@@ -164,3 +164,33 @@ def test_two_group_arguments_and_contiguous_groups():
     assert TwoGroup(0.1, p_max=0.0).p_max == 0.0
     with pytest.raises(ValueError, match=r"^p_max must lie in \[0, 1\], got 1.5$"):
         TwoGroup(0.1, p_max=1.5)
+
+
+def test_label_correlated_by_hand_and_its_input_errors():
+    recipe = LabelCorrelated(mean=0.2, floor=0.0, alpha=1.0)
+    hist = np.array([[3, 1], [0, 2], [1, 1]])
+    q = _documented_stream(4, StaticKey.LABEL_CORRELATED).dirichlet([1.0, 1.0])
+    # p_n = C * mean * <kappa_n, q>, kappa_n the histogram normalised; one sample is enough for a client
+    expected = 2 * 0.2 * (np.array([[0.75, 0.25], [0.0, 1.0], [0.5, 0.5]]) @ q)
+    np.testing.assert_allclose(recipe.probabilities(hist, 4), expected, rtol=1e-15)
+    np.testing.assert_allclose(recipe.probabilities(torch.tensor(hist), 4), expected, rtol=1e-15)
+    np.testing.assert_allclose(recipe.probabilities([[1, 0], [0, 1], [1, 0]], 4), 0.4 * np.array([q[0], q[1], q[0]]))
+
+    def message(bad) -> str:
+        with pytest.raises(ValueError) as err:
+            recipe.probabilities(bad, 0)
+        return str(err.value)
+
+    assert message("counts") == "label_hist must be a [num_clients, num_classes] array of label counts, got str"
+    assert message(np.array([[1 + 1j, 1]])) == (
+        "label_hist must be a [num_clients, num_classes] array of label counts, got ndarray")
+    for bad in (np.ones(3), np.ones((0, 2)), np.ones((2, 0)), np.ones((1, 2, 2))):
+        assert message(bad) == f"label_hist must have shape [num_clients, num_classes], got {bad.shape}"
+    assert recipe.probabilities(np.ones((1, 1)), 0).shape == (1,)  # one client, one class
+    assert message([[1.0, -1.0], [1.0, 1.0]]) == "label_hist must hold finite non-negative counts"
+    assert message([[1.0, np.nan]]) == "label_hist must hold finite non-negative counts"
+    assert message(np.array([[0, 0]] * 7 + [[1, 0]])) == (
+        "label_hist: every client needs at least one sample, clients [0, 1, 2, 3, 4] have none")
+    with pytest.raises(ValueError) as err:
+        recipe.resolve(3, 0)
+    assert str(err.value) == "LabelCorrelated needs label_hist=[num_clients, num_classes] at the process's setup()"
