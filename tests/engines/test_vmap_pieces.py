@@ -18,6 +18,7 @@ from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.engines._compiled import VmapUnsupported
 from lightning_fedhet.engines.vmap import (
     StateLayout,
+    VmapCohort,
     VmapEngine,
     _clone_tree,
     _pad_batch,
@@ -139,3 +140,22 @@ def test_a_vmap_fit_logs_the_round_mean_once_per_round_and_says_nothing_about_it
     # one value per round (on_epoch only): no "_step" / "_epoch" variants
     assert "train_loss" in trainer.callback_metrics
     assert not [k for k in trainer.callback_metrics if k.startswith("train_loss_")]
+
+
+def test_a_new_cohorts_state_is_each_clients_start():
+    module = _Buffers()
+    floats, ints = StateLayout(module).current()
+    starts = torch.stack([floats, floats + 1.0, floats + 2.0])
+    int_starts = torch.stack([ints, ints * 2, ints * 3])
+    cohort = VmapCohort(module, torch.optim.SGD(module.parameters(), lr=0.1), [4, 7, 9], np.array([2, 1, 0]),
+                        starts=starts, int_starts=int_starts)
+    assert torch.equal(cohort.flat_state(), starts)  # parameters then the float buffer, row by row
+    assert torch.equal(cohort.flat_params(), starts[:, :6])
+    assert cohort.int_state().dtype == torch.int64 and torch.equal(cohort.int_state(), int_starts)
+    assert torch.isnan(cohort.mean_losses()).all()  # no step taken yet
+    plain = TinyClassifier()
+    cohort = VmapCohort(plain, torch.optim.SGD(plain.parameters(), lr=0.1), [0, 1], np.array([1, 1]))
+    state = cohort.int_state()
+    assert state.dtype == torch.int64 and state.shape == (2, 0)  # no integer buffers
+    assert torch.equal(cohort.flat_state(), cohort.flat_params())  # no floating buffers
+    assert torch.equal(cohort.flat_params()[1], StateLayout(plain).current()[0])  # the module's own state
