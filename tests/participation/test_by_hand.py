@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet.participation import CAFedClasses, Cyclic, LabelCorrelated, Trace, TwoGroup, UniformSample
+from lightning_fedhet.participation import (
+    Bernoulli,
+    CAFedClasses,
+    Cyclic,
+    Full,
+    LabelCorrelated,
+    Markov,
+    Trace,
+    TwoGroup,
+    UniformSample,
+)
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream
 
 
@@ -194,3 +204,43 @@ def test_label_correlated_by_hand_and_its_input_errors():
     with pytest.raises(ValueError) as err:
         recipe.resolve(3, 0)
     assert str(err.value) == "LabelCorrelated needs label_hist=[num_clients, num_classes] at the process's setup()"
+
+
+def test_fedau_transitions_by_hand():
+    # a = max_on, b = a (1/p - 1); where b > 1: a <- a / b, b <- 1 (the docstring's example: p = 0.02)
+    a, b = Markov.fedau_transitions([0.5, 0.02, 0.0, 1.0])
+    assert a.dtype == b.dtype == np.float64
+    np.testing.assert_allclose(a, [0.05, 0.05 / 2.45, 0.0, 0.05], rtol=1e-12)
+    np.testing.assert_allclose(b, [0.05, 1.0, 1.0, 0.0], rtol=1e-12)
+    a, b = Markov.fedau_transitions(0.25, max_on=0.2)
+    assert (float(a), float(b)) == pytest.approx((0.2, 0.6))
+    with pytest.raises(ValueError, match=r"^max_on "):
+        Markov.fedau_transitions(0.5, max_on=0.0)  # P(off->on) = 0 would never switch on
+    with pytest.raises(ValueError, match=r"^p "):
+        Markov.fedau_transitions(1.5)
+
+
+def test_markov_lam_pairs_at_the_edge_of_feasibility():
+    # P(off->on) = p (1 - lam) may be exactly 1: p = 0.8, lam = -0.25 gives a = 1, b = 0.25 (an off round is always
+    # followed by an on round)
+    markov = Markov(p=0.8, lam=-0.25)
+    markov.setup(3, seed=0)
+    states = np.stack([markov.sample(t).numpy() for t in range(200)])
+    off_then = states[1:][~states[:-1]]
+    assert off_then.size > 0 and off_then.all()
+    with pytest.raises(ValueError, match=r"infeasible pair p=0.8, lam=-0.5"):
+        Markov(p=0.8, lam=-0.5).setup(2, seed=0)
+
+
+def test_reprs_name_every_argument():
+    assert repr(Markov(p=0.3, lam=0.5)) == "Markov(p=0.3, lam=0.5)"
+    assert repr(Markov(p_on=0.1, p_off=0.2)) == "Markov(p_on=0.1, p_off=0.2)"
+    assert repr(Markov(p=0.3, max_on=0.05)) == "Markov(p=0.3, max_on=0.05)"
+    assert repr(Markov(p=CAFedClasses(shuffle=False))) == (
+        "Markov(p=CAFedClasses(g=0.4, nu=0.9, eps=0.01, composition='thesis', shuffle=False))")
+    assert repr(Bernoulli(0.25)) == "Bernoulli(p=0.25)"
+    assert repr(Bernoulli([0.1, 0.2])) == "Bernoulli(p=<2 per-client values>)"
+    assert repr(Full()) == "Full()"
+    full = Full()
+    full.setup(3)
+    assert full.sample(0).dtype == torch.bool and full.sample(0).tolist() == [True] * 3
