@@ -349,6 +349,20 @@ def in_this_process():
     os.environ.update(environ)
 
 
+class _ProgressBarLoss(TinyClassifier):
+    """Logs its loss to the progress bar only, and records the batch_idx of each step."""
+
+    def __init__(self) -> None:
+        super().__init__(momentum=0.5)
+        self.batch_indices: list = []
+
+    def training_step(self, batch, batch_idx):
+        self.batch_indices.append(batch_idx)
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, prog_bar=True, logger=False, on_step=False, on_epoch=True)
+        return loss
+
+
 @pytest.mark.parametrize("engine", ["sequential", "vmap"])
 def test_one_process_in_this_process_equals_fedhetstrategy(in_this_process, engine: str):
     # one process pads nothing and merges nothing, but the many-process engine's own loop runs (its round batches,
@@ -358,16 +372,24 @@ def test_one_process_in_this_process_equals_fedhetstrategy(in_this_process, engi
         strategy = strategy_class(participation=Bernoulli(0.7), local_steps=UniformSteps(1, 3), seed=4, engine=engine)
         torch.manual_seed(0)
         trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0, **kwargs)
-        trainer.fit(worker.LoggingClassifier(momentum=0.5), datamodule=data)
-        return strategy, trainer
+        model = _ProgressBarLoss()
+        trainer.fit(model, datamodule=data)
+        return strategy, trainer, model
 
-    many, many_trainer = fit(FedHetDDPStrategy, devices=1, accelerator="cpu")
+    many, many_trainer, many_model = fit(FedHetDDPStrategy, devices=1, accelerator="cpu")
     assert many.comm.world_size == 1
-    one, one_trainer = fit(FedHetStrategy)
+    one, one_trainer, one_model = fit(FedHetStrategy)
     torch.testing.assert_close(many.global_params, one.global_params, rtol=1e-6, atol=1e-7)
     assert [h["local_steps"] for h in many.history] == [h["local_steps"] for h in one.history]
-    # the last round's train_loss: the mean over every local step of the round, weighted by batch size
-    torch.testing.assert_close(many_trainer.callback_metrics["train_loss"], one_trainer.callback_metrics["train_loss"])
+    assert all(h["complete"] for h in many.history)  # each round closed at its last step, not cut short
+    assert many_trainer.global_step == one_trainer.global_step  # one Lightning step per local step (vmap: per round)
+    assert many_model.batch_indices == one_model.batch_indices
+    # the last round's train_loss: the mean over every local step of the round, weighted by batch size, shown where
+    # the module asked (the progress bar, not the logger), once per round
+    torch.testing.assert_close(many_trainer.progress_bar_metrics["train_loss"],
+                               one_trainer.progress_bar_metrics["train_loss"])
+    assert "train_loss" not in many_trainer.logged_metrics
+    assert not [k for k in many_trainer.callback_metrics if k.startswith("train_loss_")]
 
 
 def test_sharded_memory_keeps_its_rows_and_round_trips():

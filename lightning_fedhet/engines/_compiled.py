@@ -29,6 +29,7 @@ import types
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -66,16 +67,28 @@ class StepModule(nn.Module):
         return out, dict(self.lm.named_buffers())
 
 
+#: ``LightningModule.log``'s display arguments, in its positional order after ``name`` and ``value``
+LOG_DISPLAY = ("prog_bar", "logger")
+
+
 class LogCollector:
-    """Stands in for ``LightningModule.log`` during a vmapped step: records names and per-client values."""
+    """Stands in for ``LightningModule.log`` during a vmapped step: records names and per-client values, and where
+    each name is to be shown (:attr:`display`)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.values: list[Tensor] = []
+        #: per name, the ``prog_bar`` / ``logger`` arguments of its first ``self.log`` call: the engine logs the
+        #: round's value with them, as the sequential engine logs every step's
+        self.display: dict[str, dict[str, Any]] = {}
 
     def __call__(self, name: str, value, *args, **kwargs) -> None:
         self.names.append(name)
         self.values.append(torch.as_tensor(value, dtype=torch.float32))
+        if name not in self.display:
+            given = dict(zip(LOG_DISPLAY, args))
+            given.update({key: kwargs[key] for key in LOG_DISPLAY if key in kwargs})
+            self.display[name] = given
 
     def take(self) -> dict[str, Tensor]:
         """The values logged since the last call, by name; empties the collector (no transformed tensor stays)."""

@@ -370,6 +370,16 @@ class VmapCohort:
                     self.optimizer.state[p] = {"step": step, "exp_avg": state[0], "exp_avg_sq": state[1]}
         self._fused = None
 
+    @property
+    def log_display(self) -> dict[str, dict[str, Any]]:
+        """Per logged name, the ``prog_bar`` / ``logger`` arguments ``training_step`` passed to ``self.log``."""
+        display: dict[str, dict[str, Any]] = {}
+        for entry in (self._fused, self._grad_entry):
+            if entry is not None:
+                display.update(entry.collector.display)
+        display.update(self._collector.display)
+        return display
+
     def mean_losses(self) -> Tensor:
         """Each client's mean training loss over the local steps it took, ``[C]`` (NaN for a client with none)."""
         taken = torch.clamp(self.local_steps.to(self._loss_sum.device), max=self._steps_taken)
@@ -755,9 +765,12 @@ class VmapEngine(Engine):
     def training_step(self, default_step, batch: CohortRound, batch_idx: int) -> None:
         logs = run_lock_steps(self.groups, batch, self.step, self.apply_config)
         self.step += len(batch)
-        for name, chunks in logs.items():  # the mean over every client's steps
+        display: dict[str, dict[str, Any]] = {}
+        for group in self.groups:
+            display.update(group.cohort.log_display)
+        for name, chunks in logs.items():  # the mean over every client's steps, shown where the step asked
             value = torch.cat([values for values, _ in chunks]).mean()
-            self.module.log(name, value, on_step=False, on_epoch=True, batch_size=1)
+            self.module.log(name, value, on_step=False, on_epoch=True, batch_size=1, **display.get(name, {}))
         # The cohort stepped its own stacked copies; Lightning's optimizer has nothing to do.
         return None
 

@@ -159,3 +159,33 @@ def test_a_new_cohorts_state_is_each_clients_start():
     assert state.dtype == torch.int64 and state.shape == (2, 0)  # no integer buffers
     assert torch.equal(cohort.flat_state(), cohort.flat_params())  # no floating buffers
     assert torch.equal(cohort.flat_params()[1], StateLayout(plain).current()[0])  # the module's own state
+
+
+class _Shown(TinyClassifier):
+    """Logs one value to the progress bar only (positional arguments), one to the logger only, one to both; each as
+    the round's mean, the value the vmap engine logs whatever ``on_step`` asks (it runs a round as one step)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("bar_only", loss, True, False, on_step=False, on_epoch=True)
+        self.log("logger_only", 2 * loss, prog_bar=False, logger=True, on_step=False, on_epoch=True)
+        self.log("both", 3 * loss, prog_bar=True, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_vmap_shows_each_logged_value_where_training_step_asked_like_the_sequential_engine():
+    def fit(engine: str):
+        data = FederatedDataModule(toy_dataset(40), [np.arange(i * 10, (i + 1) * 10) for i in range(4)], batch_size=5)
+        trainer = quiet_trainer(strategy=FedHetStrategy(local_steps=2, seed=0, engine=engine), max_epochs=2,
+                                limit_val_batches=0)
+        trainer.fit(_Shown(), datamodule=data)
+        return trainer
+
+    vmap, sequential = fit("vmap"), fit("sequential")
+    for trainer in (vmap, sequential):
+        assert {"bar_only", "both"} <= set(trainer.progress_bar_metrics)
+        assert "logger_only" not in trainer.progress_bar_metrics
+        assert {"logger_only", "both"} <= set(trainer.logged_metrics) and "bar_only" not in trainer.logged_metrics
+    for name in ("bar_only", "logger_only", "both"):
+        torch.testing.assert_close(vmap.callback_metrics[name], sequential.callback_metrics[name], rtol=1e-5,
+                                   atol=1e-6)
