@@ -32,8 +32,10 @@ ALG = f"{PKG}/algorithms"
 SHARES = "tests/algorithms/test_round_shares.py"
 #: hand-computed examples of several rules in one file
 EXAMPLES = "tests/algorithms/test_independent_examples.py"
-#: the engine contract (every rule, every engine) and the vmap engine's own tests
-ENGINE_TESTS = ["tests/engines/test_contract.py", "tests/engines/test_vmap.py", "tests/test_server_options.py"]
+#: the engine contract (every rule, every engine), the vmap engine's own tests, and rounds cut short or validated
+#: in the middle
+ENGINE_TESTS = ["tests/engines/test_contract.py", "tests/engines/test_vmap.py", "tests/test_server_options.py",
+                "tests/test_partial_rounds.py"]
 #: the engines' pieces by hand (engine="auto", the loss probe, the many-process round logs, the vmap helpers)
 ENGINE_PIECES = ["tests/engines/test_auto_choice.py", "tests/engines/test_engine_pieces.py",
                  "tests/engines/test_vmap_pieces.py"]
