@@ -228,8 +228,13 @@ def test_markov_lam_pairs_at_the_edge_of_feasibility():
     states = np.stack([markov.sample(t).numpy() for t in range(200)])
     off_then = states[1:][~states[:-1]]
     assert off_then.size > 0 and off_then.all()
-    with pytest.raises(ValueError, match=r"infeasible pair p=0.8, lam=-0.5"):
-        Markov(p=0.8, lam=-0.5).setup(2, seed=0)
+    # the feasible lam for p: [max(1 - 1/p, 1 - 1/(1 - p)), 1), a side dropped where p is 0 or 1
+    for p, lam, low in [(0.8, -0.5, "-0.25"), (0.3, -0.9, "-0.428571"), (0.0, -0.5, "0"), (1.0, -0.5, "0")]:
+        with pytest.raises(ValueError) as err:
+            Markov(p=p, lam=lam).setup(2, seed=0)
+        assert str(err.value) == (
+            f"Markov(p, lam): infeasible pair p={p:g}, lam={lam:g}; P(off->on) = p(1-lam) and P(on->off) = "
+            f"(1-p)(1-lam) must lie in [0, 1], so for this p lam must lie in [{low}, 1)")
 
 
 def test_reprs_name_every_argument():
