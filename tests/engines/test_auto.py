@@ -120,6 +120,7 @@ def test_auto_picks_sequential_naming_the_cause(make_model, kwargs, cause):
     assert cause in auto.engine_choice.reason
 
 
+@pytest.mark.without_compiler  # validates arguments, compiles nothing: mutation testing runs it
 def test_auto_follows_an_explicit_compile_and_validates_it():
     with pytest.raises(ValueError, match="compile must be"):
         FedHetStrategy(engine="auto", compile="fast")

@@ -8,6 +8,7 @@ fix. The fits that check the chosen engine's result against the sequential engin
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -61,8 +62,8 @@ def test_each_refusal_picks_sequential_with_its_own_reason():
         "under vmap")
     assert _choose(intervals=["epoch", "step"]) == _sequential(
         "a learning-rate scheduler steps every local step (interval='step')")
-    assert _choose(val_interval_inside_epoch=5) == _sequential(
-        "val_check_interval=5 is counted inside each round, which vmap runs as one step")
+    assert _choose(val_interval_inside_epoch=2) == _sequential(
+        "val_check_interval=2 is counted inside each round, which vmap runs as one step")
     assert _choose(_Conv()) == _sequential(
         "the model has convolutions and trains on a CPU, where a cohort's batched convolutions are no faster than "
         "one client at a time (vmap pays on a GPU, or for models without convolutions)")
@@ -76,9 +77,11 @@ def test_what_does_not_refuse():
     assert _choose(sends_client_config=True) == vmap  # a per-client config without weight decay
     assert _choose(intervals=["epoch"]) == vmap
     assert _choose(val_interval_inside_epoch=1) == vmap  # validating after every round's one step is the same
+    assert _choose(torch.nn.Linear(5, 3)) == vmap  # a plain module (no automatic_optimization attribute)
     assert _choose(optimizer_state="global") == vmap
 
 
+@pytest.mark.without_compiler  # decides compile, compiles nothing: mutation testing runs it
 def test_compile_follows_the_device_the_model_and_the_length_of_the_run():
     # CPU, no convolutions: compile from COMPILE_MIN_ROUNDS rounds on, or for a run of unknown length (None, -1)
     assert COMPILE_MIN_ROUNDS == 200
@@ -93,6 +96,7 @@ def test_compile_follows_the_device_the_model_and_the_length_of_the_run():
     assert _choose(rounds=3, compile="max-autotune") == EngineChoice("vmap", "max-autotune", VMAP_CPU)
 
 
+@pytest.mark.without_compiler
 def test_describe_says_the_engine_and_compile_only_when_compiling():
     prefix = "FedHetStrategy(engine='auto') trains with engine="
     assert EngineChoice("vmap", True, "why").describe() == prefix + "'vmap' with compile=True: why"
