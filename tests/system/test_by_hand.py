@@ -1,0 +1,55 @@
+"""System models checked where the mutation run found them unchecked: the virtual clock's checkpoint carries its
+deadline, FedAST's latency settings, the two-group step sampler's draws and errors, and the reprs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_fedhet.system import LossyChannel, ShiftedExponential, TwoGroupSteps, UniformSteps, VirtualClock
+
+
+def test_the_clock_checkpoint_carries_the_deadline():
+    clock = VirtualClock(deadline=30.0)
+    clock.time, clock.rounds = 12.5, 3
+    state = clock.state_dict()
+    assert state == {"time": 12.5, "rounds": 3, "deadline": 30.0}
+    other = VirtualClock()
+    other.load_state_dict(state)
+    assert (other.time, other.rounds, other.deadline) == (12.5, 3, 30.0)
+    older = VirtualClock(deadline=5.0)  # a checkpoint written before the deadline was saved keeps the clock's own
+    older.load_state_dict({"time": 1.0, "rounds": 1})
+    assert older.deadline == 5.0
+    none = VirtualClock(deadline=5.0)  # a saved "no deadline" is restored as such
+    none.load_state_dict({"time": 0.0, "rounds": 0, "deadline": None})
+    assert none.deadline is None
+
+
+def test_fedast_latency_settings_by_hand():
+    # shift = c / 2, mean = c with c the task's seconds per step (MNIST: 0.148)
+    mnist = ShiftedExponential.fedast()
+    assert (mnist.shift, mnist.mean) == pytest.approx((0.074, 0.148))
+    cifar = ShiftedExponential.fedast("cifar10", speed_factors=(1.0,), group_fractions=(1.0,))
+    assert (cifar.shift, cifar.mean) == pytest.approx((0.114, 0.228))
+    assert cifar.speed_factors.tolist() == [1.0] and cifar.group_fractions.tolist() == [1.0]
+    with pytest.raises(ValueError, match=r"^task must be one of"):
+        ShiftedExponential.fedast("MNIST")
+
+
+def test_two_group_steps_draw_each_half_from_its_range():
+    steps = TwoGroupSteps(first=(1, 2), second=(7, 7))
+    drawn = np.stack([steps.sample(t, 5, seed=0) for t in range(50)])
+    assert drawn.dtype == np.int64
+    assert set(drawn[:, :2].ravel().tolist()) == {1, 2}  # clients 0 .. N//2 - 1
+    assert set(drawn[:, 2:].ravel().tolist()) == {7}
+    with pytest.raises(ValueError, match=r"^num_clients must be"):
+        steps.sample(0, 0, seed=0)
+    assert repr(steps) == "TwoGroupSteps(first=(1, 2), second=(7, 7))"
+
+
+def test_reprs():
+    assert repr(UniformSteps(1, 5)) == "UniformSteps(low=1, high=5)"
+    assert repr(UniformSteps([1, 2, 3], [4, 5, 6])) == (
+        "UniformSteps(low=<3 per-client values>, high=<3 per-client values>)")
+    assert repr(LossyChannel(uplink=[0.1, 0.2])) == "LossyChannel(uplink=<2 per-client values>, downlink=0)"
+    assert repr(LossyChannel(uplink=0.1, downlink=0.2)) == "LossyChannel(uplink=0.1, downlink=0.2)"
