@@ -109,6 +109,10 @@ def test_validation_inside_a_round_sees_the_global_model():
     assert len(probe.pairs) == 6
     for logged, expected in probe.pairs:
         assert logged == pytest.approx(expected, abs=1e-5)
+    # after looking, the client that was training goes on from its own weights: the run equals one that never looked
+    unseen = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    quiet_trainer(strategy=unseen, max_epochs=2, limit_val_batches=0).fit(TinyClassifier(), datamodule=_data())
+    torch.testing.assert_close(strategy.global_params, unseen.global_params, rtol=0, atol=0)
 
 
 class _DoublesInputs(TinyClassifier):
