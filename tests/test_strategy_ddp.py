@@ -43,7 +43,7 @@ from lightning_fedhet.participation import Bernoulli, UniformSample
 from lightning_fedhet.system import UniformSteps
 from tests import ddp_worker as worker
 from tests.engines.test_contract import CASES, ROUNDS, _assert_same_run, _reference
-from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 600
@@ -390,6 +390,32 @@ def test_one_process_in_this_process_equals_fedhetstrategy(in_this_process, engi
                                one_trainer.progress_bar_metrics["train_loss"])
     assert "train_loss" not in many_trainer.logged_metrics
     assert not [k for k in many_trainer.callback_metrics if k.startswith("train_loss_")]
+
+
+class _FailsAtSecondStep(TinyClassifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def training_step(self, batch, batch_idx):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("simulated failure inside a round")
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_exception_inside_a_round_of_one_process_leaves_the_global_model(in_this_process):
+    # the many-process engine abandons the round without a merge (other processes may never reach it) and puts the
+    # global model back into the module
+    data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
+    strategy = FedHetDDPStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
+    model = _FailsAtSecondStep()
+    trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0, devices=1, accelerator="cpu")
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        trainer.fit(model, datamodule=data)
+    start = TinyClassifier()  # the same initial weights: no round had closed
+    torch.testing.assert_close(flat_params(model), flat_params(start), rtol=0, atol=0)
+    torch.testing.assert_close(strategy.global_params, flat_params(start), rtol=0, atol=0)
 
 
 def test_sharded_memory_keeps_its_rows_and_round_trips():

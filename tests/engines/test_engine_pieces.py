@@ -20,7 +20,7 @@ from lightning_fedhet.engines.base import (
     probe_losses,
 )
 from lightning_fedhet.engines.sequential import SequentialEngine
-from lightning_fedhet.engines.sharded import RoundLogs, combine_logs
+from lightning_fedhet.engines.sharded import PADDING, RoundLogs, combine_logs
 from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation import Trace
@@ -224,3 +224,7 @@ def test_a_rule_that_sends_a_config_needs_configure_client():
     module.configure_client = lambda **config: seen.append(config)
     apply_client_config(module, Rule(), {"exit": 1})
     assert seen == [{"exit": 1}]
+
+
+def test_a_padding_step_says_what_it_is():
+    assert repr(PADDING) == "PADDING"
