@@ -39,7 +39,7 @@ from lightning_fedhet.algorithms.fedstale import StaleMemory
 from lightning_fedhet.distributed import ProcessGroupComm, local_view, place_clients
 from lightning_fedhet.engines.sharded import combine_logs
 from lightning_fedhet.federation import RoundPlan
-from lightning_fedhet.participation import Bernoulli, UniformSample
+from lightning_fedhet.participation import Bernoulli, Trace, UniformSample
 from lightning_fedhet.system import UniformSteps
 from tests import ddp_worker as worker
 from tests.engines.test_contract import CASES, ROUNDS, _assert_same_run, _reference
@@ -390,6 +390,44 @@ def test_one_process_in_this_process_equals_fedhetstrategy(in_this_process, engi
                                one_trainer.progress_bar_metrics["train_loss"])
     assert "train_loss" not in many_trainer.logged_metrics
     assert not [k for k in many_trainer.callback_metrics if k.startswith("train_loss_")]
+
+
+class _RecordsLosses(FedAvg):
+    """FedAvg that records the mean training loss each client's update arrives with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[tuple[int, float]] = []
+
+    def add(self, client, delta, info) -> None:
+        self.losses.append((client, info.loss))
+        super().add(client, delta, info)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_one_process_rounds_of_no_client_and_the_clients_losses(in_this_process, engine: str):
+    # round 1: nobody available, so nobody trains (the round still closes whole); the losses the rule receives are
+    # each client's mean training loss, as under FedHetStrategy
+    trace = Trace([[1, 1, 0, 1, 0, 0], [0] * 6, [0, 1, 1, 0, 0, 1]])
+
+    def fit(strategy_class, **kwargs):
+        data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
+        rule = _RecordsLosses()
+        strategy = strategy_class(algorithm=rule, participation=trace, local_steps=UniformSteps(1, 3), seed=4,
+                                  engine=engine)
+        trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0, **kwargs)
+        trainer.fit(TinyClassifier(), datamodule=data)
+        return strategy, trainer, rule
+
+    many, many_trainer, many_rule = fit(FedHetDDPStrategy, devices=1, accelerator="cpu")
+    one, one_trainer, one_rule = fit(FedHetStrategy)
+    assert [h["received"].tolist() for h in many.history] == [[0, 1, 3], [], [1, 2, 5]]
+    assert all(h["complete"] for h in many.history)
+    assert many_trainer.global_step == one_trainer.global_step
+    assert [c for c, _ in many_rule.losses] == [c for c, _ in one_rule.losses]
+    np.testing.assert_allclose([x for _, x in many_rule.losses], [x for _, x in one_rule.losses], rtol=1e-5)
+    assert all(np.isfinite(x) and x > 0 for _, x in many_rule.losses)
+    torch.testing.assert_close(many.global_params, one.global_params, rtol=1e-6, atol=1e-7)
 
 
 class _FailsAtSecondStep(TinyClassifier):

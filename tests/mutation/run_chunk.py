@@ -42,7 +42,8 @@ ENGINE_PIECES = ["tests/engines/test_auto_choice.py", "tests/engines/test_engine
 #: the many-process tests that run in the test process (mutmut sees no coverage in the two-process launch)
 IN_PROCESS_DDP = [f"tests/test_strategy_ddp.py::{name}" for name in (
     "test_one_process_in_this_process_equals_fedhetstrategy", "test_one_process_comm_and_round_logs_by_hand",
-    "test_an_exception_inside_a_round_of_one_process_leaves_the_global_model", "test_constructor_checks")]
+    "test_an_exception_inside_a_round_of_one_process_leaves_the_global_model",
+    "test_one_process_rounds_of_no_client_and_the_clients_losses", "test_constructor_checks")]
 #: chunk -> (modules to mutate, tests that run against them)
 CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "server": ([f"{PKG}/server.py"], ["tests/test_server_options.py", "tests/test_server.py",
