@@ -249,3 +249,51 @@ def test_reprs_name_every_argument():
     full = Full()
     full.setup(3)
     assert full.sample(0).dtype == torch.bool and full.sample(0).tolist() == [True] * 3
+
+
+def _error(make) -> str:
+    with pytest.raises(ValueError) as err:
+        make()
+    return str(err.value)
+
+
+def test_per_client_arguments_name_themselves_when_their_length_is_wrong():
+    def wrong(name: str) -> str:
+        return f"{name} has 2 entries but num_clients is 3; give a scalar or exactly one value per client"
+
+    assert _error(lambda: Markov(p_on=[0.1, 0.2], p_off=0.1).setup(3)) == wrong("p_on")
+    assert _error(lambda: Markov(p_on=0.1, p_off=[0.1, 0.2]).setup(3)) == wrong("p_off")
+    assert _error(lambda: Markov(p=0.5, max_on=[0.1, 0.2]).setup(3)) == wrong("max_on")
+    assert _error(lambda: Markov(p=[0.5, 0.5], lam=0.1).setup(3)) == wrong("p")
+    assert _error(lambda: Cyclic(5, [0.5, 0.5]).setup(3)) == wrong("p")
+    assert _error(lambda: Bernoulli([0.1, 0.2]).setup(3)) == wrong("p")
+    assert _error(lambda: Markov()) == (
+        "Markov takes exactly one of (p=, lam=), (p_on=, p_off=) or (p=, max_on=); got nothing")
+    assert _error(lambda: Markov(p=0.5)) == (
+        "Markov takes exactly one of (p=, lam=), (p_on=, p_off=) or (p=, max_on=); got ['p']")
+    assert _error(lambda: Cyclic(5, CAFedClasses(shuffle=False))) == (
+        "p=CAFedClasses(g=0.4, nu=0.9, eps=0.01, composition='thesis', shuffle=False) also fixes Markov "
+        "correlations (lam); use Markov(p=...) with it")
+
+
+def test_cyclic_reads_a_label_correlated_recipe_and_draws_its_phases_from_the_documented_stream():
+    hist = np.array([[1, 2], [3, 1]])
+    recipe = LabelCorrelated(mean=0.3, floor=0.0)
+    cyclic = Cyclic(5, recipe)
+    cyclic.setup(2, seed=7, label_hist=hist)
+    active, inactive = Cyclic.block_lengths(5, recipe.probabilities(hist, 7))
+    assert cyclic.active.tolist() == active.tolist() and cyclic.inactive.tolist() == inactive.tolist()
+    assert active.dtype == inactive.dtype == np.int64
+    # offset="uniform": the phase of client i is uniform on {0, ..., cycle_i - 1}, drawn once from its stream
+    many = Cyclic(2, 0.5)
+    many.setup(400, seed=3)
+    expected = _documented_stream(3, StaticKey.CYCLIC_OFFSET).integers(0, np.full(400, 2))
+    assert many.phase.tolist() == expected.tolist() and set(many.phase.tolist()) == {0, 1}
+
+
+def test_each_rounds_draws_come_from_the_participation_stream_of_that_round():
+    bernoulli = Bernoulli(0.5)
+    bernoulli.setup(6, seed=9)
+    for t in (0, 1, 5):
+        uniforms = np.random.Generator(np.random.Philox(np.random.SeedSequence([9, int(Stream.PARTICIPATION), t])))
+        assert bernoulli.sample(t).tolist() == (uniforms.random(6) < 0.5).tolist()
