@@ -53,3 +53,37 @@ def test_reprs():
         "UniformSteps(low=<3 per-client values>, high=<3 per-client values>)")
     assert repr(LossyChannel(uplink=[0.1, 0.2])) == "LossyChannel(uplink=<2 per-client values>, downlink=0)"
     assert repr(LossyChannel(uplink=0.1, downlink=0.2)) == "LossyChannel(uplink=0.1, downlink=0.2)"
+
+
+def _one_group(steps: str) -> ShiftedExponential:
+    latency = ShiftedExponential(shift=0.5, mean=1.0, speed_factors=(2.0,), group_fractions=(1.0,), steps=steps)
+    latency.setup(3, seed=0)
+    return latency
+
+
+def test_on_time_probabilities_by_hand_in_both_step_models():
+    # speed s = 2, shift 0.5, mean 1, deadline D = 5
+    total = _one_group("sum")  # T = s (K shift + G), G ~ Gamma(K, mean): P = P(K, (D/s - K shift) / mean)
+    k1 = 1 - np.exp(-(5 / 2 - 0.5))  # K = 1: an exponential
+    k2 = 1 - np.exp(-1.5) * (1 + 1.5)  # K = 2: (D/s - 2 shift) = 1.5, P(2, x) = 1 - e^-x (1 + x)
+    np.testing.assert_allclose(total.on_time_probs(5.0), [k1] * 3, rtol=1e-12)  # one local step by default
+    np.testing.assert_allclose(total.on_time_probs(5.0, local_steps=2), [k2] * 3, rtol=1e-12)
+    np.testing.assert_allclose(total.on_time_probs(0.5, local_steps=2), [0.0] * 3)  # D/s below K shift: never
+    scaled = _one_group("scale")  # T = K s (shift + E): P = 1 - exp(-(D/(K s) - shift) / mean)
+    np.testing.assert_allclose(scaled.on_time_probs(5.0, local_steps=2), [1 - np.exp(-0.75)] * 3, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"^deadline must"):
+        total.on_time_probs(0.0)
+
+
+def test_on_time_probabilities_and_means_match_the_sampled_times():
+    # the closed forms against the sampler itself: 4000 rounds x 3 clients, K = 2 local steps
+    for steps in ("sum", "scale"):
+        latency = _one_group(steps)
+        times = np.stack([latency.sample(t, np.ones(3, dtype=bool), local_steps=2) for t in range(4000)])
+        p = latency.on_time_probs(5.0, local_steps=2)[0]
+        # binomial standard error sqrt(p (1 - p) / 12000) < 0.0046: 4 of them
+        assert abs(np.mean(times <= 5.0) - p) < 0.019, steps
+        # E[T] = K s (shift + mean) = 2 * 2 * 1.5 = 6
+        np.testing.assert_allclose(latency.expected(local_steps=2), [6.0] * 3)
+        assert abs(times.mean() - 6.0) < 0.15, steps  # sd of T <= 2 * 2 * sqrt(2) here, / sqrt(12000) ~ 0.05
+    assert _one_group("sum").expected().tolist() == [3.0] * 3  # one local step by default
