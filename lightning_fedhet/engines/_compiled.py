@@ -78,22 +78,28 @@ class LogCollector:
     def __init__(self) -> None:
         self.names: list[str] = []
         self.values: list[Tensor] = []
-        #: per name, the ``prog_bar`` / ``logger`` arguments of its first ``self.log`` call: the engine logs the
+        self._shown: list[dict[str, Any]] = []
+        #: per name, the ``prog_bar`` / ``logger`` arguments of the last step's ``self.log`` call: the engine logs the
         #: round's value with them, as the sequential engine logs every step's
         self.display: dict[str, dict[str, Any]] = {}
 
     def __call__(self, name: str, value, *args, **kwargs) -> None:
         self.names.append(name)
         self.values.append(torch.as_tensor(value, dtype=torch.float32))
-        if name not in self.display:
-            given = dict(zip(LOG_DISPLAY, args))
-            given.update({key: kwargs[key] for key in LOG_DISPLAY if key in kwargs})
-            self.display[name] = given
+        shown = dict(zip(LOG_DISPLAY, args))
+        shown.update({key: kwargs[key] for key in LOG_DISPLAY if key in kwargs})
+        self._shown.append(shown)
 
     def take(self) -> dict[str, Tensor]:
-        """The values logged since the last call, by name; empties the collector (no transformed tensor stays)."""
+        """The values logged since the last call, by name; empties the collector (no transformed tensor stays).
+
+        Under ``torch.compile`` this runs inside the compiled step, whose Python side effects are replayed at every
+        call: the collector's lists are therefore emptied here and :attr:`display` is replaced, never read, so the
+        state a call starts from is always the same and no guard asks for a recompilation."""
         logged = dict(zip(self.names, self.values))
-        self.names, self.values = [], []
+        if self.names:
+            self.display = dict(zip(self.names, self._shown))
+        self.names, self.values, self._shown = [], [], []
         return logged
 
 

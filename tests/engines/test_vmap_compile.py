@@ -39,7 +39,7 @@ class Wrapped(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = F.cross_entropy(self.net(x), y)
-        self.log("client_loss", loss)
+        self.log("client_loss", loss, prog_bar=True)
         return loss
 
 
@@ -180,6 +180,8 @@ def test_compiled_cohort_equals_uncompiled_and_per_client_loop(make_net, shape, 
     torch.testing.assert_close(compiled.mean_losses(), expected_losses, atol=1e-5, rtol=0)
     for got, want in zip(logged, eager_logged):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # where the value is shown survives compilation (recorded while tracing, without a recompilation)
+    assert compiled.log_display == eager.log_display == {"client_loss": {"prog_bar": True}}
 
 
 def test_compile_failure_falls_back_with_one_warning_naming_the_cause():
