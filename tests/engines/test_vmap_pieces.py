@@ -9,6 +9,7 @@ here, so mutation testing sees them).
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,8 +26,10 @@ from lightning_fedhet.engines.vmap import (
     _pad_rows,
     _slice_tree,
     cat_batches,
+    check_vmap_setup,
     padded_size,
 )
+from lightning_fedhet.system import UniformSteps
 from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 
@@ -176,8 +179,9 @@ class _Shown(TinyClassifier):
 def test_vmap_shows_each_logged_value_where_training_step_asked_like_the_sequential_engine():
     def fit(engine: str):
         data = FederatedDataModule(toy_dataset(40), [np.arange(i * 10, (i + 1) * 10) for i in range(4)], batch_size=5)
-        trainer = quiet_trainer(strategy=FedHetStrategy(local_steps=2, seed=0, engine=engine), max_epochs=2,
-                                limit_val_batches=0)
+        # unequal local steps: a client that has finished logs nothing at later lock-steps
+        strategy = FedHetStrategy(local_steps=UniformSteps(1, 3), seed=0, engine=engine)
+        trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
         trainer.fit(_Shown(), datamodule=data)
         return trainer
 
@@ -189,3 +193,43 @@ def test_vmap_shows_each_logged_value_where_training_step_asked_like_the_sequent
     for name in ("bar_only", "logger_only", "both"):
         torch.testing.assert_close(vmap.callback_metrics[name], sequential.callback_metrics[name], rtol=1e-5,
                                    atol=1e-6)
+
+
+class _Int32Counter(TinyClassifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("counter", torch.tensor([3, 4], dtype=torch.int32))
+
+
+def test_integer_buffers_of_any_integer_dtype_travel_as_int64():
+    module = _Int32Counter()
+    floats, ints = StateLayout(module).current()
+    assert ints.dtype == torch.int64 and ints.tolist() == [3, 4]
+    cohort = VmapCohort(module, torch.optim.SGD(module.parameters(), lr=0.1), [0, 1], np.array([1, 1]))
+    assert cohort.int_state().dtype == torch.int64 and cohort.int_state().tolist() == [[3, 4], [3, 4]]
+
+
+def test_vmap_setup_refusals_name_their_cause_whole():
+    module = TinyClassifier()
+    sgd = [torch.optim.SGD(module.parameters(), lr=0.1)]
+    decayed = [torch.optim.SGD(module.parameters(), lr=0.1, weight_decay=0.01)]
+
+    class Rule:
+        sends_client_config = True
+
+    def refusal(optimizers, optimizer_state="reset", algorithm=None) -> str:
+        server = SimpleNamespace(optimizer_state=optimizer_state, algorithm=algorithm or SimpleNamespace(
+            sends_client_config=False))
+        with pytest.raises(VmapUnsupported) as err:
+            check_vmap_setup(module, optimizers, server)
+        text, head, tail = str(err.value), "engine='vmap' cannot run this: ", ". Use engine='sequential' instead."
+        assert text.startswith(head) and text.endswith(tail)
+        return text.removeprefix(head).removesuffix(tail)
+
+    assert refusal(sgd, "persist") == "optimizer_state='persist' keeps one optimizer state per client"
+    assert refusal([]) == "the module has 0 optimizers; the engine steps exactly one"
+    assert refusal(decayed, algorithm=Rule()) == (
+        "Rule trains a different part of the model on each client and the optimizer has weight_decay=[0.01], which "
+        "would move the parts a client does not train")
+    check_vmap_setup(module, decayed, SimpleNamespace(optimizer_state="reset", algorithm=SimpleNamespace(
+        sends_client_config=False)))  # weight decay is fine when every client trains the whole model
