@@ -5,6 +5,8 @@ streams the recipes draw from."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -297,3 +299,30 @@ def test_each_rounds_draws_come_from_the_participation_stream_of_that_round():
     for t in (0, 1, 5):
         uniforms = np.random.Generator(np.random.Philox(np.random.SeedSequence([9, int(Stream.PARTICIPATION), t])))
         assert bernoulli.sample(t).tolist() == (uniforms.random(6) < 0.5).tolist()
+
+
+def test_edges_the_second_participation_run_left():
+    # FedAU's transitions for p = 0 divide by zero on purpose: no numpy warning reaches the user
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a, b = Markov.fedau_transitions([0.0, 0.5])
+    assert a.tolist() == [0.0, 0.05] and b.tolist() == [1.0, 0.05]
+    # lam = 0 with p = 0 is feasible: P(on->off) = (1 - p)(1 - lam) = 1 exactly; the client is never on
+    markov = Markov(p=[0.0, 0.5], lam=0.0)
+    markov.setup(2, seed=0)
+    assert not any(bool(markov.sample(t)[0]) for t in range(50))
+    # a probability above 1 (here 1.8 * q_0 with q_0 about 0.68) is clipped to 1, said once with the count
+    recipe = LabelCorrelated(mean=0.9, floor=0.0, alpha=1.0)
+    with pytest.warns(UserWarning) as caught:
+        p = recipe.probabilities(np.array([[5, 0], [0, 5], [1, 1]]), 0)
+    assert [str(w.message) for w in caught] == ["LabelCorrelated: clipped 1 participation probabilities above 1 to 1"]
+    assert p[0] == 1.0 and 0 < p[1] < 1 and p[2] == pytest.approx(0.9)
+    assert _error(lambda: recipe.probabilities(np.array([[1, 0], [0, 0]]), 0)) == (
+        "label_hist: every client needs at least one sample, clients [1] have none")
+    assert _error(lambda: TwoGroup(0.1, low_fraction=1.5)) == "low_fraction must lie in [0, 1], got 1.5"
+    every = UniformSample(5)
+    every.setup(5)  # k = N: everybody, every round
+    assert every.sample(0).tolist() == [True] * 5
+    with pytest.raises(RuntimeError) as err:
+        Bernoulli(0.5).sample(0)
+    assert str(err.value) == "Bernoulli.setup(num_clients, seed) must be called first"
