@@ -320,6 +320,8 @@ def test_edges_the_second_participation_run_left():
     assert _error(lambda: recipe.probabilities(np.array([[1, 0], [0, 0]]), 0)) == (
         "label_hist: every client needs at least one sample, clients [1] have none")
     assert _error(lambda: TwoGroup(0.1, low_fraction=1.5)) == "low_fraction must lie in [0, 1], got 1.5"
+    paper = LabelCorrelated()  # FedAU's App. C.6: mean 0.1, floor 0.02, alpha 0.1
+    assert (paper.mean, paper.floor, paper.alpha) == (0.1, 0.02, 0.1)
     every = UniformSample(5)
     every.setup(5)  # k = N: everybody, every round
     assert every.sample(0).tolist() == [True] * 5
