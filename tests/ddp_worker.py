@@ -24,7 +24,7 @@ from lightning_fedhet.algorithms import FedAvg, FedStale, FedVARP
 from lightning_fedhet.participation import Bernoulli, UniformSample
 from lightning_fedhet.system import LossyChannel, UniformSteps
 from tests.engines.test_contract import CASES, ROUNDS, _run
-from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.helpers import TinyClassifier, equal_clients, quiet_trainer, toy_dataset
 
 TIMEOUT = timedelta(seconds=int(os.environ.get("FEDHET_DDP_TIMEOUT", "100")))
 DDP = dict(devices=2, accelerator="cpu")
@@ -65,8 +65,7 @@ def strategy(**kwargs) -> FedHetDDPStrategy:
 
 
 def six_clients(batch_size: int = 4) -> FederatedDataModule:
-    parts = [np.arange(i * 16, (i + 1) * 16) for i in range(6)]
-    return FederatedDataModule(toy_dataset(96), parts, batch_size=batch_size)
+    return equal_clients(6, per_client=16, batch_size=batch_size)
 
 
 def fit(model, data, rounds: int = ROUNDS, ckpt_path=None, **kwargs):

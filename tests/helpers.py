@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Trainer
 from torch.utils.data import TensorDataset
 
+from lightning_fedhet import FederatedDataModule
 from lightning_fedhet.algorithms import Algorithm, FedAvg
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
@@ -56,6 +57,26 @@ def toy_dataset(n: int = 120, in_features: int = 5, num_classes: int = 3, seed: 
     x = torch.randn(n, in_features, generator=gen)
     y = torch.randint(0, num_classes, (n,), generator=gen)
     return TensorDataset(x, y)
+
+
+def equal_clients(num_clients: int, per_client: int = 10, batch_size: int = 5) -> FederatedDataModule:
+    """``num_clients`` clients holding ``per_client`` consecutive samples each of :func:`toy_dataset`."""
+    parts = [np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)]
+    return FederatedDataModule(toy_dataset(num_clients * per_client), parts, batch_size=batch_size)
+
+
+class FailsAtCall(TinyClassifier):
+    """Raises in its ``fail_at``-th ``training_step`` call (under vmap: inside the cohort's second lock-step)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.calls, self.fail_at = 0, fail_at
+
+    def training_step(self, batch, batch_idx):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("simulated failure inside a round")
+        return super().training_step(batch, batch_idx)
 
 
 def flat_params(module: torch.nn.Module) -> torch.Tensor:

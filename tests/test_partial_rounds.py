@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.participation import UniformSample
-from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
+from tests.helpers import FailsAtCall, TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
 
 def _data() -> FederatedDataModule:
@@ -59,24 +59,10 @@ def test_under_vmap_a_lightning_step_is_a_whole_round(trainer_kwargs, rounds):
     torch.testing.assert_close(flat_params(model), strategy.global_params, rtol=0, atol=0)
 
 
-class _FailsAtCall(TinyClassifier):
-    """Raises in its ``fail_at``-th ``training_step`` call (under vmap: inside the cohort's second lock-step)."""
-
-    def __init__(self, fail_at: int) -> None:
-        super().__init__()
-        self.calls, self.fail_at = 0, fail_at
-
-    def training_step(self, batch, batch_idx):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError("simulated failure inside a round")
-        return super().training_step(batch, batch_idx)
-
-
 @pytest.mark.parametrize("engine", ["sequential", "vmap"])
 def test_an_exception_inside_a_round_leaves_the_global_model(engine):
     strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine=engine)
-    model = _FailsAtCall(fail_at=2)
+    model = FailsAtCall(fail_at=2)
     trainer = quiet_trainer(strategy=strategy, limit_val_batches=0, max_epochs=2)
     with pytest.raises(RuntimeError, match="simulated failure"), pytest.warns(UserWarning, match="cut short"):
         trainer.fit(model, datamodule=_data())

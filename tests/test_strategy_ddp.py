@@ -43,7 +43,7 @@ from lightning_fedhet.participation import Bernoulli, Trace, UniformSample
 from lightning_fedhet.system import UniformSteps
 from tests import ddp_worker as worker
 from tests.engines.test_contract import CASES, ROUNDS, _assert_same_run, _reference
-from tests.helpers import TinyClassifier, flat_params, quiet_trainer, toy_dataset
+from tests.helpers import FailsAtCall, TinyClassifier, equal_clients, flat_params, quiet_trainer, toy_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 600
@@ -363,22 +363,26 @@ class _ProgressBarLoss(TinyClassifier):
         return loss
 
 
+def _fit_one_process(strategy, model, rounds: int = 3):
+    """``rounds`` rounds of six clients in this process, with a ``FedHetDDPStrategy`` (one process, needs the
+    ``in_this_process`` fixture) or the ``FedHetStrategy`` it is compared with. Returns the trainer."""
+    one_device = dict(devices=1, accelerator="cpu") if isinstance(strategy, FedHetDDPStrategy) else {}
+    torch.manual_seed(0)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0, **one_device)
+    trainer.fit(model, datamodule=equal_clients(6))
+    return trainer
+
+
 @pytest.mark.parametrize("engine", ["sequential", "vmap"])
 def test_one_process_in_this_process_equals_fedhetstrategy(in_this_process, engine: str):
     # one process pads nothing and merges nothing, but the many-process engine's own loop runs (its round batches,
     # the per-round aggregate of what training_step logs, the close at the last step) where the test sees it
-    def fit(strategy_class, **kwargs):
-        data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
-        strategy = strategy_class(participation=Bernoulli(0.7), local_steps=UniformSteps(1, 3), seed=4, engine=engine)
-        torch.manual_seed(0)
-        trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0, **kwargs)
-        model = _ProgressBarLoss()
-        trainer.fit(model, datamodule=data)
-        return strategy, trainer, model
-
-    many, many_trainer, many_model = fit(FedHetDDPStrategy, devices=1, accelerator="cpu")
+    options = dict(participation=Bernoulli(0.7), local_steps=UniformSteps(1, 3), seed=4, engine=engine)
+    many_model, one_model = _ProgressBarLoss(), _ProgressBarLoss()
+    many, one = FedHetDDPStrategy(**options), FedHetStrategy(**options)
+    many_trainer = _fit_one_process(many, many_model)
     assert many.comm.world_size == 1
-    one, one_trainer, one_model = fit(FedHetStrategy)
+    one_trainer = _fit_one_process(one, one_model)
     torch.testing.assert_close(many.global_params, one.global_params, rtol=1e-6, atol=1e-7)
     assert [h["local_steps"] for h in many.history] == [h["local_steps"] for h in one.history]
     assert all(h["complete"] for h in many.history)  # each round closed at its last step, not cut short
@@ -409,18 +413,11 @@ def test_one_process_rounds_of_no_client_and_the_clients_losses(in_this_process,
     # round 1: nobody available, so nobody trains (the round still closes whole); the losses the rule receives are
     # each client's mean training loss, as under FedHetStrategy
     trace = Trace([[1, 1, 0, 1, 0, 0], [0] * 6, [0, 1, 1, 0, 0, 1]])
-
-    def fit(strategy_class, **kwargs):
-        data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
-        rule = _RecordsLosses()
-        strategy = strategy_class(algorithm=rule, participation=trace, local_steps=UniformSteps(1, 3), seed=4,
-                                  engine=engine)
-        trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0, **kwargs)
-        trainer.fit(TinyClassifier(), datamodule=data)
-        return strategy, trainer, rule
-
-    many, many_trainer, many_rule = fit(FedHetDDPStrategy, devices=1, accelerator="cpu")
-    one, one_trainer, one_rule = fit(FedHetStrategy)
+    options = dict(participation=trace, local_steps=UniformSteps(1, 3), seed=4, engine=engine)
+    many_rule, one_rule = _RecordsLosses(), _RecordsLosses()
+    many, one = FedHetDDPStrategy(algorithm=many_rule, **options), FedHetStrategy(algorithm=one_rule, **options)
+    many_trainer = _fit_one_process(many, TinyClassifier())
+    one_trainer = _fit_one_process(one, TinyClassifier())
     assert [h["received"].tolist() for h in many.history] == [[0, 1, 3], [], [1, 2, 5]]
     assert all(h["complete"] for h in many.history)
     assert many_trainer.global_step == one_trainer.global_step
@@ -430,27 +427,13 @@ def test_one_process_rounds_of_no_client_and_the_clients_losses(in_this_process,
     torch.testing.assert_close(many.global_params, one.global_params, rtol=1e-6, atol=1e-7)
 
 
-class _FailsAtSecondStep(TinyClassifier):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def training_step(self, batch, batch_idx):
-        self.calls += 1
-        if self.calls == 2:
-            raise RuntimeError("simulated failure inside a round")
-        return super().training_step(batch, batch_idx)
-
-
 def test_an_exception_inside_a_round_of_one_process_leaves_the_global_model(in_this_process):
     # the many-process engine abandons the round without a merge (other processes may never reach it) and puts the
     # global model back into the module
-    data = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
     strategy = FedHetDDPStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
-    model = _FailsAtSecondStep()
-    trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0, devices=1, accelerator="cpu")
+    model = FailsAtCall(fail_at=2)
     with pytest.raises(RuntimeError, match="simulated failure"):
-        trainer.fit(model, datamodule=data)
+        _fit_one_process(strategy, model, rounds=2)
     start = TinyClassifier()  # the same initial weights: no round had closed
     torch.testing.assert_close(flat_params(model), flat_params(start), rtol=0, atol=0)
     torch.testing.assert_close(strategy.global_params, flat_params(start), rtol=0, atol=0)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import UniformSteps
-from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.helpers import TinyClassifier, equal_clients, quiet_trainer
 
 
 class _Notes(logging.Handler):
@@ -42,7 +41,7 @@ def notes():
 
 
 def _fit(model, rounds: int = 3, **kwargs) -> FedHetStrategy:
-    dm = FederatedDataModule(toy_dataset(60), [np.arange(i * 10, (i + 1) * 10) for i in range(6)], batch_size=5)
+    dm = equal_clients(6)
     options = dict(participation=Bernoulli(0.7), local_steps=UniformSteps(1, 3), seed=4)
     strategy = FedHetStrategy(**{**options, **kwargs})
     quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0).fit(model, datamodule=dm)

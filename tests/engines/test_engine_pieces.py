@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.engines.base import (
     apply_client_config,
     export_optimizer_state,
@@ -24,7 +24,7 @@ from lightning_fedhet.engines.sharded import PADDING, RoundLogs, combine_logs
 from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation import Trace
-from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.helpers import TinyClassifier, equal_clients, quiet_trainer
 
 
 class _Affine(torch.nn.Module):
@@ -183,7 +183,7 @@ class _Indexed(TinyClassifier):
 
 
 def _sequential_fit(model, rounds: int, **options) -> FedHetStrategy:
-    data = FederatedDataModule(toy_dataset(30), [np.arange(i * 10, (i + 1) * 10) for i in range(3)], batch_size=5)
+    data = equal_clients(3)
     strategy = FedHetStrategy(seed=1, engine="sequential", **options)
     quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0).fit(model, datamodule=data)
     return strategy

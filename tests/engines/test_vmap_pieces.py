@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.engines._compiled import VmapUnsupported
 from lightning_fedhet.engines.vmap import (
     StateLayout,
@@ -30,7 +30,7 @@ from lightning_fedhet.engines.vmap import (
     padded_size,
 )
 from lightning_fedhet.system import UniformSteps
-from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.helpers import TinyClassifier, equal_clients, quiet_trainer
 
 
 def test_padded_size_buckets_by_hand():
@@ -132,7 +132,7 @@ class _Logging(TinyClassifier):
 
 
 def test_a_vmap_fit_logs_the_round_mean_once_per_round_and_says_nothing_about_its_none():
-    data = FederatedDataModule(toy_dataset(40), [np.arange(i * 10, (i + 1) * 10) for i in range(4)], batch_size=5)
+    data = equal_clients(4)
     strategy = FedHetStrategy(local_steps=2, seed=0, engine="vmap")
     trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
     with warnings.catch_warnings(record=True) as caught:
@@ -178,7 +178,7 @@ class _Shown(TinyClassifier):
 
 def test_vmap_shows_each_logged_value_where_training_step_asked_like_the_sequential_engine():
     def fit(engine: str):
-        data = FederatedDataModule(toy_dataset(40), [np.arange(i * 10, (i + 1) * 10) for i in range(4)], batch_size=5)
+        data = equal_clients(4)
         # unequal local steps: a client that has finished logs nothing at later lock-steps
         strategy = FedHetStrategy(local_steps=UniformSteps(1, 3), seed=0, engine=engine)
         trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
