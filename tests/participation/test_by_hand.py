@@ -25,6 +25,18 @@ from lightning_fedhet.participation import (
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream
 
 
+def _error(make) -> str:
+    """The message of the ValueError ``make()`` raises."""
+    with pytest.raises(ValueError) as err:
+        make()
+    return str(err.value)
+
+
+def _philox(*entropy: int) -> np.random.Generator:
+    """The counter-based seeding the docs describe, written out: Philox keyed by (seed, stream, keys...)."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(e) for e in entropy])))
+
+
 def _brute_force_marginal(active: int, inactive: int, t: int) -> float:
     """The definition: the first active round u is uniform on {0, ..., inactive - 1}; the client is on in round t
     iff (t - u) mod (active + inactive) < active."""
@@ -107,15 +119,12 @@ def test_trace_files_of_every_type(tmp_path):
         assert trace.mask.dtype == bool and trace.mask.tolist() == mask.astype(bool).tolist(), name
         assert repr(trace) == f"Trace(mask={str(tmp_path / name)!r}, shape=(2, 3))"
     assert Trace(tmp_path / "row.csv").mask.shape == (1, 3)
-    with pytest.raises(ValueError) as err:
-        Trace(tmp_path / "two.npz")
-    assert str(err.value) == (f"mask: {str(tmp_path / 'two.npz')!r} holds arrays ['a', 'b']; name the trace 'mask' "
-                              "or store only one array")
+    two = str(tmp_path / "two.npz")
+    assert _error(lambda: Trace(two)) == (
+        f"mask: {two!r} holds arrays ['a', 'b']; name the trace 'mask' or store only one array")
     (tmp_path / "t.txt").write_text("1,0\n")
-    with pytest.raises(ValueError) as err:
-        Trace(tmp_path / "t.txt")
     path = str(tmp_path / "t.txt")
-    assert str(err.value) == f"mask: unsupported file type '.txt' for {path!r}; use .npy, .npz or .csv"
+    assert _error(lambda: Trace(path)) == f"mask: unsupported file type '.txt' for {path!r}; use .npy, .npz or .csv"
     np.save(tmp_path / "objects.npy", np.array([[1, None]], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError):  # never unpickles a file
         Trace(tmp_path / "objects.npy")
@@ -152,9 +161,8 @@ def test_uniform_sample_chooses_exactly_k_as_a_bool_mask():
 
 
 def _documented_stream(seed: int, key: int) -> np.random.Generator:
-    """The counter-based seeding the docs describe, written out: Philox keyed by (seed, stream, STATIC_KEY, key)."""
-    entropy = [seed, int(Stream.PARTICIPATION), int(STATIC_KEY), int(key)]
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence(entropy)))
+    """A recipe's static draws: the participation stream's ``STATIC_KEY`` draws for ``key``."""
+    return _philox(seed, Stream.PARTICIPATION, STATIC_KEY, key)
 
 
 def test_recipes_draw_from_their_own_documented_streams():
@@ -189,9 +197,7 @@ def test_label_correlated_by_hand_and_its_input_errors():
     np.testing.assert_allclose(recipe.probabilities([[1, 0], [0, 1], [1, 0]], 4), 0.4 * np.array([q[0], q[1], q[0]]))
 
     def message(bad) -> str:
-        with pytest.raises(ValueError) as err:
-            recipe.probabilities(bad, 0)
-        return str(err.value)
+        return _error(lambda: recipe.probabilities(bad, 0))
 
     assert message("counts") == "label_hist must be a [num_clients, num_classes] array of label counts, got str"
     assert message(np.array([[1 + 1j, 1]])) == (
@@ -203,9 +209,8 @@ def test_label_correlated_by_hand_and_its_input_errors():
     assert message([[1.0, np.nan]]) == "label_hist must hold finite non-negative counts"
     assert message(np.array([[0, 0]] * 7 + [[1, 0]])) == (
         "label_hist: every client needs at least one sample, clients [0, 1, 2, 3, 4] have none")
-    with pytest.raises(ValueError) as err:
-        recipe.resolve(3, 0)
-    assert str(err.value) == "LabelCorrelated needs label_hist=[num_clients, num_classes] at the process's setup()"
+    assert _error(lambda: recipe.resolve(3, 0)) == (
+        "LabelCorrelated needs label_hist=[num_clients, num_classes] at the process's setup()")
 
 
 def test_fedau_transitions_by_hand():
@@ -232,9 +237,7 @@ def test_markov_lam_pairs_at_the_edge_of_feasibility():
     assert off_then.size > 0 and off_then.all()
     # the feasible lam for p: [max(1 - 1/p, 1 - 1/(1 - p)), 1), a side dropped where p is 0 or 1
     for p, lam, low in [(0.8, -0.5, "-0.25"), (0.3, -0.9, "-0.428571"), (0.0, -0.5, "0"), (1.0, -0.5, "0")]:
-        with pytest.raises(ValueError) as err:
-            Markov(p=p, lam=lam).setup(2, seed=0)
-        assert str(err.value) == (
+        assert _error(lambda p=p, lam=lam: Markov(p=p, lam=lam).setup(2, seed=0)) == (
             f"Markov(p, lam): infeasible pair p={p:g}, lam={lam:g}; P(off->on) = p(1-lam) and P(on->off) = "
             f"(1-p)(1-lam) must lie in [0, 1], so for this p lam must lie in [{low}, 1)")
 
@@ -251,12 +254,6 @@ def test_reprs_name_every_argument():
     full = Full()
     full.setup(3)
     assert full.sample(0).dtype == torch.bool and full.sample(0).tolist() == [True] * 3
-
-
-def _error(make) -> str:
-    with pytest.raises(ValueError) as err:
-        make()
-    return str(err.value)
 
 
 def test_per_client_arguments_name_themselves_when_their_length_is_wrong():
@@ -297,7 +294,7 @@ def test_each_rounds_draws_come_from_the_participation_stream_of_that_round():
     bernoulli = Bernoulli(0.5)
     bernoulli.setup(6, seed=9)
     for t in (0, 1, 5):
-        uniforms = np.random.Generator(np.random.Philox(np.random.SeedSequence([9, int(Stream.PARTICIPATION), t])))
+        uniforms = _philox(9, Stream.PARTICIPATION, t)
         assert bernoulli.sample(t).tolist() == (uniforms.random(6) < 0.5).tolist()
 
 
