@@ -182,11 +182,11 @@ def main() -> int:
             print(f"{name}: mutates {', '.join(modules)}; tests {', '.join(tests)}")
         return 0
     mutmut = str(Path(sys.executable).with_name("mutmut"))
+    only = Path(args.only).read_text().split() if args.only else None
     status = 0
     for name in args.chunks:
         if name not in CHUNKS:
             parser.error(f"unknown chunk {name!r}; choose from {sorted(CHUNKS)}")
-        only = Path(args.only).read_text().split() if args.only else None
         status = max(status, run_chunk(name, args.cores, mutmut, args.rev, args.changes, only))
     return status
 
