@@ -69,8 +69,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "cafed": ([f"{ALG}/cafed.py", f"{ALG}/f3ast.py", f"{ALG}/_availability.py", f"{ALG}/availability_estimators.py"],
               ["tests/algorithms/test_cafed.py", "tests/algorithms/test_f3ast.py",
                "tests/algorithms/test_availability_estimators.py", "tests/algorithms/test_adafed.py", SHARES]),
-    "fedcis": ([f"{ALG}/fedcis.py"], ["tests/algorithms/test_fedcis.py", "tests/test_fedcis_buffers.py", SHARES]),
-    "base": ([f"{ALG}/base.py"], ["tests/algorithms/test_algorithm_protocol.py", "tests/algorithms/test_fedavg.py"]),
+    "fedcis": ([f"{ALG}/fedcis.py"], ["tests/algorithms/test_fedcis.py", "tests/algorithms/test_fedcis_by_hand.py",
+                                       "tests/test_fedcis_buffers.py", SHARES]),
+    "base": ([f"{ALG}/base.py"], ["tests/algorithms/test_algorithm_protocol.py", "tests/algorithms/test_fedavg.py",
+                                   "tests/algorithms/test_base_by_hand.py"]),
     "participation": ([f"{PKG}/participation/*"], ["tests/participation"]),
     "system": ([f"{PKG}/system/*"], ["tests/system", "tests/test_arrival_probabilities.py"]),
     "engines": ([f"{PKG}/engines/base.py", f"{PKG}/engines/sequential.py", f"{PKG}/engines/sharded.py",
@@ -79,6 +81,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     # the vmap engine alone (it also stacks many seeds): the largest engine, with the slowest tests
     "vmap": ([f"{PKG}/engines/vmap.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
                                           "tests/engines/test_vmap_compile.py"]),
+    # the vmap engine's functional step, its log collector and the fused optimizer rules of compile=True: measured
+    # by the tests that run them eagerly (torch.compile replaced by the identity, marked without_compiler)
+    "compiled": ([f"{PKG}/engines/_compiled.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
+                                                  "tests/engines/test_vmap_compile.py"]),
 }
 
 
