@@ -144,6 +144,8 @@ def test_fused_update_equals_per_client_torch_optim(name, identity_compile):
         warnings.simplefilter("error", RuntimeWarning)  # a silent fall-back to eager would make this test vacuous
         cohort, _ = run_cohort(module, make, data, STEPS, compile=True)
     assert cohort.compiled_entry is not None and cohort.compiled_entry.failed is None
+    # the fused path ran (no torch.optim optimizer) for every optimizer it covers: SGD, Adam, AdamW
+    assert (cohort.optimizer is None) == (name != "rmsprop (gradient-only path)")
     assert module.batch_indices == [0, 1, 2, 3, 4]  # local step k is the k-th batch of the round
     expected, expected_losses = per_client_reference(logistic(), make, data, STEPS)
     torch.testing.assert_close(cohort.flat_params(), expected, atol=1e-6, rtol=0)

@@ -1,0 +1,112 @@
+"""The compiled step's recompile guard by hand: which Dynamo guard failures count, when the step is given up, and
+the cause a user reads.
+
+The reasons below are Dynamo's own text (torch 2.x, recorded from ``test_vmap_compile.py``'s ``CountsCalls``
+module, whose ``training_step`` does ``self.counter += 1``), cut before its hints and stack. Nothing here compiles:
+``torch.compile`` is replaced by the identity and Dynamo's record of failures by a dict the test fills.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from lightning_fedhet.engines import _compiled
+
+#: nothing here compiles for real, so mutation runs may run these tests (their module name says "compile")
+pytestmark = pytest.mark.without_compiler
+
+
+def counter_reason(compile_id: str, value: int) -> str:
+    return (
+        f"{compile_id}: loss.__closure__[1].cell_contents._modules['lm'].counter == {value}  # self.counter += 1  "
+        "# tests/engines/test_vmap_compile.py:264 in training_step (HINT: guard on \"step_module\"._modules['lm']"
+        ".counter)"
+    )
+
+
+SHAPE_REASON = "0/1: tensor 'params['weight']' size mismatch at index 0. expected 4, actual 8"
+CAUSE = (
+    "a Python value that torch.compile takes as a constant, so each new value recompiled the step ({n} times); "
+    "keep such state in a tensor (register_buffer) to stay compiled"
+)
+
+
+class Counts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch).sum()
+
+
+def test_a_counter_attribute_is_named_with_the_line_that_changes_it():
+    assert _compiled.describe_guard(counter_reason("0/2", 2), 3) == (
+        "training_step changes self.counter (self.counter += 1): " + CAUSE.format(n=3)
+    )
+
+
+def test_attributes_of_submodules_are_named_by_their_python_path():
+    # _modules['net'] reads as .net; a trailing _parameters / _buffers / _modules is the container, so the name
+    # stops at the module that holds it
+    nested = "0/1: loss.__closure__[1].cell_contents._modules['lm']._modules['net'].scale == 2.0  # self.net.scale " \
+             "= s  # model.py:9 in forward"
+    expected = "forward changes self.net.scale (self.net.scale = s): " + CAUSE.format(n=4)
+    assert _compiled.describe_guard(nested, 4) == expected
+    container = "0/1: len(loss.__closure__[1].cell_contents._modules['lm']._modules['head']._buffers) == 1  # " \
+                "self.head.register_buffer('b', t)  # model.py:3 in training_step"
+    assert _compiled.describe_guard(container, 3).startswith(
+        "training_step changes self.head (self.head.register_buffer('b', t)): "
+    )
+
+
+def test_a_guard_without_a_source_line_is_quoted():
+    assert _compiled.describe_guard("3/0: ___check_global_state()", 5) == (
+        "the step depends on ___check_global_state(): " + CAUSE.format(n=5)
+    )
+
+
+def test_the_step_is_given_up_after_the_limit_of_recompiles_of_one_value(monkeypatch):
+    # torch.compile replaced by the identity: building an entry compiles nothing; Dynamo's record of guard failures
+    # replaced by a dict keyed by the entry's own code object
+    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
+    failures: dict = {}
+    monkeypatch.setattr(_compiled, "guard_failures", failures)
+    entry = _compiled.CompiledEntry(Counts(), None, "default")
+    assert _compiled.RECOMPILE_GUARD_LIMIT == 3
+    assert entry.recompile_cause() is None  # nothing recorded yet
+    reasons = failures.setdefault(entry.code, [])
+    # a new cohort-size bucket (a size mismatch) never counts, however often
+    for _ in range(5):
+        reasons.append(SHAPE_REASON)
+        assert entry.recompile_cause() is None
+    # the counter: recompiles 1 and 2 are tolerated, the 3rd gives the step up with the cause
+    reasons.append(counter_reason("0/0", 0))
+    assert entry.recompile_cause() is None
+    assert entry.recompile_cause() is None  # no new failure since the last call: nothing new to count
+    reasons.append(counter_reason("0/1", 1))
+    assert entry.recompile_cause() is None
+    reasons.append(counter_reason("0/2", 2))
+    assert entry.recompile_cause() == "training_step changes self.counter (self.counter += 1): " + CAUSE.format(n=3)
+    # another entry's failures are its own (keyed by code)
+    other = _compiled.CompiledEntry(Counts(), None, "default")
+    assert other.code is not entry.code and other.recompile_cause() is None
+
+
+def test_entries_are_cached_per_module_rules_and_mode(monkeypatch):
+    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
+    monkeypatch.setattr(_compiled, "_entries", type(_compiled._entries)())
+    modules = [Counts() for _ in range(_compiled._CACHE_MODULES + 1)]
+    first = _compiled.compiled_entry(modules[0], None, "default")
+    assert _compiled.compiled_entry(modules[0], None, "default") is first
+    assert _compiled.compiled_entry(modules[0], None, "reduce-overhead") is not first  # another mode
+    assert first.mode == "default" and first.module is modules[0] and first.failed is None
+    for module in modules[1:]:  # _CACHE_MODULES more modules: the least recently used (the first) is dropped
+        _compiled.compiled_entry(module, None, "default")
+    assert {id(m) for m in modules[1:]} == {key[0] for key in _compiled._entries}
+    assert _compiled.compiled_entry(modules[0], None, "default") is not first  # built again
+    # each entry's step has its own code object, named apart (Dynamo keys its graphs and failures by code)
+    names = {entry.code.co_name for entry in _compiled._entries.values()}
+    assert len(names) == len(_compiled._entries) and all(name.startswith("step_") for name in names)
+
