@@ -65,6 +65,9 @@ def test_a_guard_without_a_source_line_is_quoted():
     assert _compiled.describe_guard("3/0: ___check_global_state()", 5) == (
         "the step depends on ___check_global_state(): " + CAUSE.format(n=5)
     )
+    # the whole guard, spaces included, and a reason without a compile id is a guard all the same
+    assert _compiled.describe_guard("3/1: G['scale'] == 3", 3).startswith("the step depends on G['scale'] == 3: ")
+    assert _compiled.describe_guard("G['scale'] == 3", 3).startswith("the step depends on G['scale'] == 3: ")
 
 
 def test_the_step_is_given_up_after_the_limit_of_recompiles_of_one_value(monkeypatch):
@@ -94,6 +97,33 @@ def test_the_step_is_given_up_after_the_limit_of_recompiles_of_one_value(monkeyp
     assert other.code is not entry.code and other.recompile_cause() is None
 
 
+def test_the_limit_counts_each_guarded_value_apart(monkeypatch):
+    # two attributes recompiling twice each: four recompiles, but no value reached the limit of 3
+    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
+    failures: dict = {}
+    monkeypatch.setattr(_compiled, "guard_failures", failures)
+    entry = _compiled.CompiledEntry(Counts(), None, "default")
+    reasons = failures.setdefault(entry.code, [])
+    other = "0/{i}: loss.__closure__[1].cell_contents._modules['lm'].phase == {i}  # self.phase = t  # m.py:5 in " \
+            "forward"
+    for i in range(2):
+        for reason in (counter_reason(f"0/{i}", i), other.format(i=i)):
+            reasons.append(reason)
+            assert entry.recompile_cause() is None
+    reasons.append(other.format(i=2))
+    assert entry.recompile_cause() == "forward changes self.phase (self.phase = t): " + CAUSE.format(n=3)
+
+
+@pytest.mark.parametrize(("mode", "passed"), [("default", None), ("reduce-overhead", "reduce-overhead")])
+def test_the_step_is_compiled_whole_in_the_mode_asked(monkeypatch, mode, passed):
+    # "default" is torch.compile's own default mode (None); fullgraph=True so that a graph break fails loudly
+    # instead of running pieces eagerly
+    calls = []
+    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    _compiled.CompiledEntry(Counts(), None, mode)
+    assert calls == [{"mode": passed, "fullgraph": True}]
+
+
 def test_entries_are_cached_per_module_rules_and_mode(monkeypatch):
     monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
     monkeypatch.setattr(_compiled, "_entries", type(_compiled._entries)())
@@ -109,4 +139,11 @@ def test_entries_are_cached_per_module_rules_and_mode(monkeypatch):
     # each entry's step has its own code object, named apart (Dynamo keys its graphs and failures by code)
     names = {entry.code.co_name for entry in _compiled._entries.values()}
     assert len(names) == len(_compiled._entries) and all(name.startswith("step_") for name in names)
+    assert all(entry.code.co_qualname == entry.code.co_name for entry in _compiled._entries.values())
+    # another optimizer configuration of the same module is another entry
+    sgd = {"weight": _compiled.UpdateRule("sgd", 0)}
+    adam = {"weight": _compiled.UpdateRule("adam", 0)}
+    fused = _compiled.compiled_entry(modules[1], sgd, "default")
+    assert _compiled.compiled_entry(modules[1], adam, "default") is not fused
+    assert _compiled.compiled_entry(modules[1], dict(sgd), "default") is fused
 

@@ -158,6 +158,14 @@ def test_dropout_draws_differently_per_client(identity_compile):
                           np.array([3, 3, 3, 3]))
     params = cohort.flat_params()
     assert torch.isfinite(params).all() and not torch.allclose(params[0], params[1])
+    # the same on the gradient-only path (RMSprop has no fused rule: torch.optim steps the stacked parameters)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        cohort, _ = run_cohort(Dropped(logistic()), lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01), data,
+                               np.array([3, 3, 3, 3]), compile=True)
+    assert cohort.optimizer is not None and cohort.compiled_entry.failed is None
+    params = cohort.flat_params()
+    assert torch.isfinite(params).all() and not torch.allclose(params[0], params[1])
 
 
 def normed_net(seed: int = 0) -> nn.Module:
