@@ -1,0 +1,117 @@
+"""The round planner by hand, without a Trainer: its defaults, which seed each process gets, the strategy-level
+selection, the arrival probabilities in closed form and the texts of its errors.
+
+Written against the survivors of the ``federation`` mutation chunk (docs/testing.md); each test names the slip it
+catches. Four clients hold two samples each; labels 0, 1, 1, 2, 2, 2, 0, 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from lightning_fedhet.algorithms import FedAvg
+from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.federation import RoundPlanner
+from lightning_fedhet.participation import Bernoulli, Full, UniformSample
+from lightning_fedhet.system import LossyChannel, ShiftedExponential, UniformSteps
+
+N = 4
+LABELS = torch.tensor([0, 1, 1, 2, 2, 2, 0, 0])
+
+
+def streams(with_labels: bool = True) -> ClientStreams:
+    tensors = (torch.zeros(2 * N, 1), LABELS) if with_labels else (torch.zeros(2 * N, 1),)
+    return ClientStreams(TensorDataset(*tensors), [[2 * i, 2 * i + 1] for i in range(N)], batch_size=2)
+
+
+def planner(participation=None, algorithm=None, **kwargs) -> RoundPlanner:
+    algorithm = algorithm or FedAvg()
+    algorithm.setup(N, torch.zeros(1))
+    return RoundPlanner(participation or Full(), algorithm, streams(), **kwargs)
+
+
+class SelectsItself(FedAvg):
+    selects_clients = True
+
+
+def test_defaults_one_local_step_and_seed_zero():
+    plan = planner().plan(0)
+    assert plan.local_steps.tolist() == [1, 1, 1, 1]  # local_steps=1 by default
+    # seed 0 by default: the availability draws of an unseeded planner are seed 0's
+    unseeded, seeded = planner(Bernoulli(0.5)), planner(Bernoulli(0.5), seed=0)
+    assert [unseeded.plan(t).available.tolist() for t in range(6)] == [
+        seeded.plan(t).available.tolist() for t in range(6)
+    ]
+
+
+def test_the_planners_seed_reaches_the_participation_process():
+    # a planner seeded 5 draws what a Bernoulli process set up with seed 5 draws (slip: the process left at its
+    # default seed 0)
+    got = planner(Bernoulli(0.5), seed=5)
+    reference = Bernoulli(0.5)
+    reference.setup(N, 5)
+    draws = [got.plan(t).available.tolist() for t in range(8)]
+    assert draws == [reference.sample(t).tolist() for t in range(8)]
+    default = Bernoulli(0.5)
+    default.setup(N, 0)
+    assert draws != [default.sample(t).tolist() for t in range(8)]  # the premise: seeds 0 and 5 differ here
+
+
+def test_a_strategy_level_selection_keeps_k_clients_and_is_checked():
+    plans = [planner(selection=UniformSample(2), seed=1).plan(t) for t in range(5)]
+    assert all(int(p.selected.sum()) == 2 and bool(p.available.all()) for p in plans)
+    # k/N for always-available clients: 2/4
+    assert planner(selection=UniformSample(2)).selection_probs(0).tolist() == [0.5] * 4
+    with pytest.raises(ValueError) as err:
+        planner(selection=UniformSample(5))
+    assert str(err.value) == "k must be <= num_clients=4, got k=5"
+    with pytest.raises(TypeError) as err:
+        planner(selection=Full())
+    assert str(err.value) == "selection must be a UniformSample(k), got Full"
+    with pytest.raises(ValueError) as err:
+        planner(algorithm=SelectsItself(), selection=UniformSample(2))
+    assert str(err.value) == (
+        "selection=UniformSample(k=2) conflicts with SelectsItself, which selects clients itself: drop selection= "
+        "(one owner per decision)"
+    )
+
+
+def test_a_deadline_needs_a_latency_model():
+    with pytest.raises(ValueError) as err:
+        planner(deadline=2.0)
+    assert str(err.value) == "deadline needs a latency model (latency=ShiftedExponential(...))"
+
+
+def test_aggregation_probabilities_at_given_steps_in_closed_form():
+    # one speed group, "scale": T = K (0.5 + E), E ~ Exp(mean 0.5): P(T <= 2 | K) = 1 - exp(-(2/K - 0.5) / 0.5)
+    # = 1 - e^-3, 1 - e^-1, 1 - e^(-1/3) for K = 1, 2, 3, and 0 for K = 4 (2/4 = shift). Links: downlink and
+    # uplink losses (0, 0.1, 0.2, 0) and (0.1, 0.3, 0, 0.2). Everyone available and kept: P(selected) = 1.
+    plan = planner(local_steps=UniformSteps(1, 3), channel=LossyChannel(uplink=[0.1, 0.3, 0.0, 0.2],
+                                                                         downlink=[0.0, 0.1, 0.2, 0.0]),
+                   latency=ShiftedExponential(shift=0.5, mean=0.5, speed_factors=(1.0,), group_fractions=(1.0,)),
+                   deadline=2.0, seed=3)
+    links = np.array([0.9, 0.9 * 0.7, 0.8, 0.8])
+    on_time = np.array([1 - math.exp(-3), 1 - math.exp(-1), 1 - math.exp(-1 / 3), 0.0])
+    # the probabilities at the steps asked for (slip: at the round's own draw of 1-3 steps)
+    got = plan.aggregation_probs(7, np.array([1, 2, 3, 4]))
+    assert got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), links * on_time, rtol=1e-12)
+    np.testing.assert_allclose(plan.success_probs(7, [1, 2, 3, 4]).numpy(), links * on_time, rtol=1e-12)
+
+
+def test_label_histograms_by_hand():
+    # client i holds samples 2i, 2i+1: labels (0, 1), (1, 2), (2, 2), (0, 0); classes 0, 1, 2
+    hist = planner().label_histograms()
+    assert hist.dtype == np.int64
+    assert hist.tolist() == [[1, 1, 0], [0, 1, 1], [0, 0, 2], [2, 0, 0]]
+    algorithm = FedAvg()
+    algorithm.setup(N, torch.zeros(1))
+    unlabelled = RoundPlanner(Full(), algorithm, streams(with_labels=False))
+    with pytest.raises(ValueError) as err:
+        unlabelled.label_histograms()
+    assert str(err.value) == "this participation recipe needs labels, but the training dataset exposes none"
