@@ -21,30 +21,11 @@ from lightning_fedhet.algorithms.fedcis import (
     sampling_matrix,
 )
 from lightning_fedhet.cis import CISTopology
+from tests.algorithms.test_fedcis import D_LEAF1, D_LEAF2, D_ROOT_EXIT2, TOY_MASKS, FixedUniforms, three_node_topology
 
 INFO = ClientInfo(num_samples=1, local_steps=1)
 F64 = dict(dtype=torch.float64)
 ALL3 = torch.ones(3, dtype=torch.bool)
-# coordinates [shared prefix, head of exit 1, parameters of exit 2 only]
-MASKS = torch.tensor([[True, True, False], [True, False, True]])
-D_ROOT = torch.tensor([2.0, 0.0, 4.0])
-D_LEAF1 = torch.tensor([1.0, 2.0, 0.0])
-D_LEAF2 = torch.tensor([3.0, -1.0, 0.0])
-
-
-class FixedUniforms:
-    """Stands in for the round's numpy Generator: ``random(n)`` returns preset uniforms (to force exit draws)."""
-
-    def __init__(self, u) -> None:
-        self.u = np.asarray(u, dtype=np.float64)
-
-    def random(self, n: int) -> np.ndarray:
-        assert n == len(self.u)
-        return self.u.copy()
-
-
-def three_nodes() -> CISTopology:
-    return CISTopology([[1, 2], [], []], [2, 1, 1], arrival=[0.0, 1.0, 1.0], transfer_cap=[0.0, 0.25, 0.25])
 
 
 def seven_nodes() -> CISTopology:
@@ -63,6 +44,7 @@ def error_text(call) -> str:
 
 # ---------------------------------------------------------------------------------------------- sampling matrices
 def test_sampling_matrix_at_its_bounds():
+    tree = three_node_topology()
     # one exit only (max E_i = 1): p_max = 1 and every row is [1] whatever p (slips: 1 / (E_max - 1) at E_max = 1
     # divides by zero; p_max = 2 would accept p = 1.5)
     torch.testing.assert_close(sampling_matrix(single_exit(), 0.0), torch.ones(2, 1, **F64))
@@ -74,10 +56,11 @@ def test_sampling_matrix_at_its_bounds():
     expected = torch.tensor([[0.5, 0.5, 0.0]] * 3 + [[1.0, 0.0, 0.0]] * 4, **F64)
     torch.testing.assert_close(sampling_matrix(seven_nodes(), 0.5), expected, atol=0, rtol=0)
     # a bool is not a probability, even where p_max = 1 would hold True = 1
-    assert error_text(lambda: sampling_matrix(three_nodes(), True)).endswith("got True")
+    assert error_text(lambda: sampling_matrix(tree, True)).endswith("got True")
 
 
 def test_code_sampling_matrix_by_hand():
+    tree = three_node_topology()
     # root (E = 2) trains exit 1 with probability a = smaller_exit_prob[2]; leaves (E = 1) always exit 1, even when
     # the mapping names E = 1 (slip: reading smaller_exit_prob[1] for them)
     rows = {
@@ -87,7 +70,7 @@ def test_code_sampling_matrix_by_hand():
         "a = 1 allowed": ({2: 1.0}, [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]]),
     }
     for case, (probs, expected) in rows.items():
-        torch.testing.assert_close(code_sampling_matrix(three_nodes(), probs), torch.tensor(expected, **F64),
+        torch.testing.assert_close(code_sampling_matrix(tree, probs), torch.tensor(expected, **F64),
                                    msg=case)
     # E_i = 3 shares a = 0.6 uniformly among exits 1 and 2: [0.3, 0.3, 0.4]
     torch.testing.assert_close(code_sampling_matrix(seven_nodes(), {3: 0.6})[0], torch.tensor([0.3, 0.3, 0.4], **F64))
@@ -103,7 +86,7 @@ def test_code_sampling_matrix_by_hand():
     ],
 )
 def test_code_sampling_matrix_refuses_what_is_not_a_probability(probs, message):
-    assert error_text(lambda: code_sampling_matrix(three_nodes(), probs)) == message
+    assert error_text(lambda: code_sampling_matrix(three_node_topology(), probs)) == message
 
 
 def test_a_given_p_matrix_is_checked_and_renormalised_in_float64():
@@ -141,20 +124,21 @@ def test_exit_masks_are_bool():
 
 # ---------------------------------------------------------------------------------------------- Lambda-tilde
 def test_flops_weights_called_directly():
+    tree = three_node_topology()
     # static (the default schedule): flops / sum = (1, 3) / 4
-    torch.testing.assert_close(lambda_tilde_weights("flops", three_nodes(), flops=[1.0, 3.0]),
+    torch.testing.assert_close(lambda_tilde_weights("flops", tree, flops=[1.0, 3.0]),
                                torch.tensor([0.25, 0.75], **F64))
     # warm-up at the default round 0: f / f_E = (0.001, 1) clipped at 0.01 (t + 1) = 0.01 -> (0.001, 0.01) / 0.011
     # (round 1 would clip at 0.02: (1, 20) / 21)
-    warm = lambda_tilde_weights("flops", three_nodes(), flops=[0.001, 1.0], flops_schedule="warmup")
+    warm = lambda_tilde_weights("flops", tree, flops=[0.001, 1.0], flops_schedule="warmup")
     torch.testing.assert_close(warm, torch.tensor([1 / 11, 10 / 11], **F64))
-    assert error_text(lambda: lambda_tilde_weights("flops", three_nodes(), flops=[0.0, 1.0])) == (
+    assert error_text(lambda: lambda_tilde_weights("flops", tree, flops=[0.0, 1.0])) == (
         "flops must lie in (0, inf), got 0.0"
     )
-    assert error_text(lambda: lambda_tilde_weights("flops", three_nodes(), flops=[1, 2], flops_schedule="linear")) == (
+    assert error_text(lambda: lambda_tilde_weights("flops", tree, flops=[1, 2], flops_schedule="linear")) == (
         "flops_schedule must be one of ('static', 'warmup'), got 'linear'"
     )
-    assert error_text(lambda: lambda_tilde_weights("fastest", three_nodes())) == (
+    assert error_text(lambda: lambda_tilde_weights("fastest", tree)) == (
         "lambda_tilde must be one of ('serving_rate', 'equal', 'flops', 'balanced') or a tensor of 2 weights, "
         "got 'fastest'"
     )
@@ -164,35 +148,36 @@ def test_the_rules_default_round_is_round_zero():
     # the same warm-up through FedCIS: lambda_tilde_at() and pair_weights() without a round are round 0's.
     # p = 0, |D_i| = data_fraction (1/3 each): the root's pair (exit 2) weighs Lt_2 = 10/11, each leaf's (exit 1)
     # Lt_1 * (1/3) / (2/3) = 1/22
-    algo = FedCIS(three_nodes(), "flops", flops=[0.001, 1.0], flops_schedule="warmup")
+    algo = FedCIS(three_node_topology(), "flops", flops=[0.001, 1.0], flops_schedule="warmup")
     algo.setup(3, torch.zeros(2))
     torch.testing.assert_close(algo.lambda_tilde_at(), torch.tensor([1 / 11, 10 / 11], **F64))
     torch.testing.assert_close(algo.pair_weights(), torch.tensor([[0.0, 10 / 11], [1 / 22, 0.0], [1 / 22, 0.0]], **F64))
 
 
 def test_balanced_weights_called_directly():
+    tree = three_node_topology()
     # default p_matrix (p = 0) and |D_i| = data_fraction = 1/3: exit 1 held by the leaves (shares 1/2, 1/2,
     # concentration 1/2), exit 2 by the root (concentration 1). sigma^2 = (1, 1): o = (2, 1) -> (2/3, 1/3);
     # Lt = ((0.75, 0.25) + (2/3, 1/3)) / 2 = (17/24, 7/24). Slips: no default matrix, the matrix at p = 1, the
     # exit data sizes clamped at 1 instead of a hair above 0 (fractions are below 1).
     expected = torch.tensor([17 / 24, 7 / 24], **F64)
-    torch.testing.assert_close(lambda_tilde_weights("balanced", three_nodes(), grad_variance=[1.0, 1.0]), expected)
+    torch.testing.assert_close(lambda_tilde_weights("balanced", tree, grad_variance=[1.0, 1.0]), expected)
     # variances scale o, which is normalised: (100, 100) gives the same weights (slip: refusing o.sum() <= 1)
-    torch.testing.assert_close(lambda_tilde_weights("balanced", three_nodes(), grad_variance=[100.0, 100.0]), expected)
+    torch.testing.assert_close(lambda_tilde_weights("balanced", tree, grad_variance=[100.0, 100.0]), expected)
     # p = 1 on this tree: the root trains exit 1 too, nobody trains exit 2: o_2 = 0 (not 1 / (sigma^2 * 1e-300)).
     # Exit 1: shares 1/3 each, concentration 1/3, o = (3, 0) -> (1, 0); Lt = ((0.75, 0.25) + (1, 0)) / 2
     torch.testing.assert_close(
-        lambda_tilde_weights("balanced", three_nodes(), p_matrix=sampling_matrix(three_nodes(), 1.0),
+        lambda_tilde_weights("balanced", tree, p_matrix=sampling_matrix(tree, 1.0),
                              grad_variance=[1.0, 1.0]),
         torch.tensor([0.875, 0.125], **F64),
     )
     # integer sizes are read as float64 (|D| = (6, 2, 4), p = 0.25: (0.735, 0.265), see test_fedcis.py)
-    lt = lambda_tilde_weights("balanced", three_nodes(), p_matrix=sampling_matrix(three_nodes(), 0.25),
+    lt = lambda_tilde_weights("balanced", tree, p_matrix=sampling_matrix(tree, 0.25),
                               sizes=torch.tensor([6, 2, 4]), grad_variance=[1.0, 1.0])
     assert lt.dtype == torch.float64
     torch.testing.assert_close(lt, torch.tensor([0.735, 0.265], **F64))
     # nobody holds data: refused (slip: 0 / 0 weights)
-    assert error_text(lambda: lambda_tilde_weights("balanced", three_nodes(), sizes=[0, 0, 0],
+    assert error_text(lambda: lambda_tilde_weights("balanced", tree, sizes=[0, 0, 0],
                                                    grad_variance=[1.0, 1.0])) == (
         "lambda_tilde='balanced': no exit has training data"
     )
@@ -202,7 +187,7 @@ def test_balanced_pair_weights_use_the_client_sizes():
     # Lt = (0.735, 0.265) at p = 0.25, |D| = (6, 2, 4) (test_fedcis.py); pair weights Lt_e |D_i| / |D_{e,p}| / p_ie:
     # root: 0.735 * 6/12 / 0.25 = 1.47 and 0.265 * 6/6 / 0.75; leaves: 0.735 * 2/12 and 0.735 * 4/12.
     # Slip: Lambda-tilde computed from data_fraction instead of the sizes.
-    algo = FedCIS(three_nodes(), "balanced", p=0.25, grad_variance=[1.0, 1.0])
+    algo = FedCIS(three_node_topology(), "balanced", p=0.25, grad_variance=[1.0, 1.0])
     algo.setup(3, torch.zeros(2), client_sizes=torch.tensor([6, 2, 4]))
     expected = torch.tensor([[1.47, 0.265 / 0.75], [0.735 / 6, 0.0], [0.735 / 3, 0.0]], **F64)
     torch.testing.assert_close(algo.pair_weights(0), expected)
@@ -211,7 +196,7 @@ def test_balanced_pair_weights_use_the_client_sizes():
 # ---------------------------------------------------------------------------------------------- the rule
 def test_a_new_rule_before_its_first_round():
     assert error_text(lambda: FedCIS("7-node")) == "topology must be a CISTopology, got str"
-    algo = FedCIS(three_nodes(), lambda_tilde=[1.0, 2.0])
+    algo = FedCIS(three_node_topology(), lambda_tilde=[1.0, 2.0])
     assert algo.lambda_tilde == "custom"
     assert algo.hparams()["lambda_tilde"] == [0.333333, 0.666667]  # rounded to 6 digits
     assert algo.exits.dtype == torch.int64 and algo.exits.tolist() == [0, 0, 0]  # 0 before the first draw
@@ -248,7 +233,7 @@ def test_select_returns_a_bool_mask_and_draws_from_each_nodes_own_row():
 def test_one_arrival_is_aggregated():
     # literal, p = 0, serving rates, |D| = (6, 2, 4): leaf 1's weight is 0.75 * 2/6 = 0.25; it arrives alone.
     # w = 1 + 0.25 [1, 2, 0] (slip: a round with a single arrival left unaggregated)
-    algo = FedCIS(three_nodes())
+    algo = FedCIS(three_node_topology())
     algo.setup(3, torch.ones(3), client_weights=[1.0, 1.0, 2.0], client_sizes=torch.tensor([6, 2, 4]))
     # Fed-CIS weighs by the sizes; the client weights are kept (normalised) for the checkpoint all the same
     assert algo.client_weights.tolist() == [0.25, 0.25, 0.5]
@@ -262,22 +247,22 @@ def test_root_local_with_an_exit_coefficient_of_exactly_one():
     # Lt = (1, 0), |D| = (6, 4, 0): leaf 1 holds all of exit 1's data, a_1 = 1 * 4/4 / 1 = 1 = A_1.
     # w_r = [1,1,1] + [2,0,4] = [3,1,5]; leaf 1: (w_1 - w_r) masked by exit 1 = ([2,3,1] - [3,1,5]) * [1,1,0]
     # = [-1, 2, 0]; w = [3,1,5] + [-1,2,0] = [2,3,5] (slip: skipping the base's correction when A_e = 1)
-    algo = FedCIS(three_nodes(), lambda_tilde=[1.0, 0.0], aggregation_base="root_local", exit_masks=MASKS)
+    algo = FedCIS(three_node_topology(), lambda_tilde=[1.0, 0.0], aggregation_base="root_local", exit_masks=TOY_MASKS)
     algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 4, 0]))
     algo.select(0, ALL3, FixedUniforms([0.9] * 3))
     algo.open_round(0, None)
-    algo.add(0, D_ROOT, INFO)
+    algo.add(0, D_ROOT_EXIT2, INFO)
     algo.add(1, D_LEAF1, INFO)
     torch.testing.assert_close(algo.close_round(), torch.tensor([2.0, 3.0, 5.0]))
 
 
 def test_root_local_keeps_its_own_copy_of_the_roots_update():
     # the caller may reuse the delta's buffer after add(): the result is test_fedcis.py's [3.25, 1, 5]
-    algo = FedCIS(three_nodes(), aggregation_base="root_local", exit_masks=MASKS)
+    algo = FedCIS(three_node_topology(), aggregation_base="root_local", exit_masks=TOY_MASKS)
     algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
     algo.select(0, ALL3, FixedUniforms([0.9] * 3))
     algo.open_round(0, None)
-    buffer = D_ROOT.clone()
+    buffer = D_ROOT_EXIT2.clone()
     algo.add(0, buffer, INFO)
     buffer.zero_()
     algo.add(1, D_LEAF1, INFO)
@@ -286,17 +271,17 @@ def test_root_local_keeps_its_own_copy_of_the_roots_update():
 
 
 def test_a_checkpoint_taken_after_the_draw_resumes_the_round():
-    algo = FedCIS(three_nodes(), p=0.25)
+    algo = FedCIS(three_node_topology(), p=0.25)
     algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
     algo.select(4, ALL3, FixedUniforms([0.1, 0.5, 0.5]))  # the root draws exit 1 (u < 0.25)
     state = algo.state_dict()
-    resumed = FedCIS(three_nodes(), p=0.25)
+    resumed = FedCIS(three_node_topology(), p=0.25)
     resumed.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
     resumed.load_state_dict(state)
     assert resumed.client_config(0) == {"train_exit": 1}  # the drawn exits of round 4 stand
     resumed.open_round(4, None)  # and round 4 may open without a new draw
     # a checkpoint written before last_exits existed loads with none
     del state["last_exits"]
-    older = FedCIS(three_nodes(), p=0.25)
+    older = FedCIS(three_node_topology(), p=0.25)
     older.load_state_dict(state)
     assert older.last_exits == {}
