@@ -32,7 +32,7 @@ from lightning_fedhet._checks import (
     check_seed,
 )
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream, generator
-from lightning_fedhet.system.steps import local_steps_for
+from lightning_fedhet.system.steps import StepDistribution, local_steps_for
 
 
 class ShiftedExponential:
@@ -135,6 +135,13 @@ class ShiftedExponential:
         """
         self._check_setup()
         deadline = check_real(deadline, "deadline", 0.0, low_open=True)
+        if isinstance(local_steps, StepDistribution):
+            # P(T <= D) averaged over a random K needs K's distribution, which a StepDistribution does not expose;
+            # reading its round-0 draw would hand back one sample as if it were the probability
+            raise ValueError(
+                f"local_steps must be an int or one int per client, got {local_steps!r}: the on-time probability "
+                "is conditional on K; pass the round's draw (local_steps_for(distribution, round, N, seed))"
+            )
         steps = local_steps_for(local_steps, 0, self.num_clients, self.seed).astype(np.float64)
         if self.steps == "scale":
             slack = deadline / (steps * self.speed) - self.shift
@@ -145,9 +152,15 @@ class ShiftedExponential:
         return np.where(slack > 0, prob, 0.0)
 
     def expected(self, local_steps: Any = 1) -> np.ndarray:
-        """Mean round-trip time of every client (float64 ``[N]``): ``K s_i (shift + mean)``."""
+        """Mean round-trip time of every client (float64 ``[N]``): ``K s_i (shift + mean)``.
+
+        ``local_steps`` may be a :class:`StepDistribution`: the time is linear in ``K`` under both step models, so
+        the mean time is taken at the distribution's mean ``E[K_i]``."""
         self._check_setup()
-        steps = local_steps_for(local_steps, 0, self.num_clients, self.seed).astype(np.float64)
+        if isinstance(local_steps, StepDistribution):
+            steps = np.asarray(local_steps.expected(self.num_clients), dtype=np.float64)
+        else:
+            steps = local_steps_for(local_steps, 0, self.num_clients, self.seed).astype(np.float64)
         return steps * self.speed * (self.shift + self.mean)
 
     def __repr__(self) -> str:
