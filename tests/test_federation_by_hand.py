@@ -18,7 +18,8 @@ from lightning_fedhet.algorithms import FedAvg
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.participation import Bernoulli, Full, UniformSample
-from lightning_fedhet.system import LossyChannel, ShiftedExponential, UniformSteps
+from lightning_fedhet.seeding import Stream, generator
+from lightning_fedhet.system import LossDistribution, LossyChannel, ShiftedExponential, UniformSteps
 
 N = 4
 LABELS = torch.tensor([0, 1, 1, 2, 2, 2, 0, 0])
@@ -115,3 +116,83 @@ def test_label_histograms_by_hand():
     with pytest.raises(ValueError) as err:
         unlabelled.label_histograms()
     assert str(err.value) == "this participation recipe needs labels, but the training dataset exposes none"
+
+
+class Records(FedAvg):
+    """FedAvg that records what the planner hands it: the system oracle, the probe losses and the selection rng."""
+
+    def __init__(self, probe: bool = False, counts: list[int] | None = None) -> None:
+        super().__init__()
+        self.probe, self.counts = probe, counts
+        self.system: list[tuple] = []
+        self.losses: list[tuple] = []
+        self.uniforms: list[float] = []
+
+    def observe_system(self, round, *, success_probs=None, local_steps=None, participation_probs=None):
+        self.system.append((round, success_probs, local_steps, participation_probs))
+
+    def wants_probe_losses(self) -> bool:
+        return self.probe
+
+    def observe_losses(self, round, losses):
+        self.losses.append((round, losses))
+
+    def select(self, round, available, rng):
+        self.uniforms.append(float(rng.random()))
+        if self.counts is not None:  # a sampler with replacement: draws per client
+            return torch.tensor(self.counts)
+        return super().select(round, available, rng)
+
+
+class LossOnOddRounds(LossDistribution):
+    """Uplink loss 0 in even rounds and 0.5 in odd rounds, for every client."""
+
+    def sample(self, round: int, num_clients: int, seed: int) -> np.ndarray:
+        return np.full(num_clients, 0.5 if round % 2 else 0.0)
+
+
+def test_the_rule_observes_this_rounds_system_and_its_own_selection_stream():
+    # availability p = (1, 0, 1, 0.5); steps (1, 2, 3, 1); uplink loss 0.5 in odd rounds. In round 3 the oracle gets
+    # success 0.5 for everyone (slip: round 0's links, success 1), the steps as int64 and the availability; select's
+    # generator is generator(seed, SELECTION, round) (slips: the seed or the stream left out)
+    algorithm = Records()
+    plan = planner(Bernoulli([1.0, 0.0, 1.0, 0.5]), algorithm, local_steps=[1, 2, 3, 1],
+                   channel=LossyChannel(uplink=LossOnOddRounds()), seed=7).plan(3)
+    round_, success, steps, availability = algorithm.system[-1]
+    assert round_ == 3 and success.tolist() == [0.5] * 4 and plan.success_probs.tolist() == [0.5] * 4
+    assert steps.dtype == torch.int64 and steps.tolist() == [1, 2, 3, 1]
+    assert availability.tolist() == [1.0, 0.0, 1.0, 0.5]
+    assert algorithm.uniforms == [float(generator(7, Stream.SELECTION, 3).random())]
+    # client 1 is never available: it trains nothing (0 steps, not 1); no latency model: the round takes 0 s
+    assert plan.local_steps[1] == 0 and plan.duration == 0.0
+    assert planner(Bernoulli([1.0, 0.0, 1.0, 0.5]), seed=7).aggregation_probs(3, np.ones(4, dtype=np.int64)) \
+        .tolist() == [1.0, 0.0, 1.0, 0.5]
+    odd = planner(channel=LossyChannel(uplink=LossOnOddRounds()))
+    assert odd.aggregation_probs(1, np.ones(4, dtype=np.int64)).tolist() == [0.5] * 4  # round 1's links
+    assert odd.aggregation_probs(2, np.ones(4, dtype=np.int64)).tolist() == [1.0] * 4
+
+
+def test_probe_losses_are_asked_of_the_engine_for_this_round():
+    algorithm = Records(probe=True)
+    losses = torch.tensor([0.5, 1.5, 2.5, 3.5], dtype=torch.float64)
+    calls = []
+
+    def probe(round, available):
+        calls.append((round, available.tolist()))
+        return losses
+
+    planner(Bernoulli([1.0, 0.0, 1.0, 1.0]), algorithm).plan(4, probe=probe)
+    assert calls == [(4, [True, False, True, True])]
+    assert algorithm.losses == [(4, losses)]
+    with pytest.raises(RuntimeError) as err:
+        planner(algorithm=Records(probe=True)).plan(0)
+    assert str(err.value) == "Records needs probe losses but no engine provides them"
+
+
+def test_a_sampler_with_replacement_gives_counts_and_the_selected_mask():
+    # the rule drew client 0 twice and client 2 once: selected = counts > 0 (slips: >= 0 selects all, > 1 drops 2)
+    plan = planner(algorithm=Records(counts=[2, 0, 1, 0])).plan(0)
+    assert plan.selection_counts.dtype == torch.int64 and plan.selection_counts.tolist() == [2, 0, 1, 0]
+    assert plan.selected.tolist() == [True, False, True, False]
+    context = planner(algorithm=Records(counts=[2, 0, 1, 0])).context(plan)
+    assert context.selected.tolist() == [2, 0, 1, 0] and context.local_steps.tolist() == [1, 0, 1, 0]
