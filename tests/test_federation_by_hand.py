@@ -19,7 +19,7 @@ from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.participation import Bernoulli, Full, UniformSample
 from lightning_fedhet.seeding import Stream, generator
-from lightning_fedhet.system import LossDistribution, LossyChannel, ShiftedExponential, UniformSteps
+from lightning_fedhet.system import LossDistribution, LossyChannel, ShiftedExponential, UniformSteps, local_steps_for
 
 N = 4
 LABELS = torch.tensor([0, 1, 1, 2, 2, 2, 0, 0])
@@ -196,3 +196,28 @@ def test_a_sampler_with_replacement_gives_counts_and_the_selected_mask():
     assert plan.selected.tolist() == [True, False, True, False]
     context = planner(algorithm=Records(counts=[2, 0, 1, 0])).context(plan)
     assert context.selected.tolist() == [2, 0, 1, 0] and context.local_steps.tolist() == [1, 0, 1, 0]
+
+
+def test_success_probabilities_without_a_channel_or_a_deadline_and_at_the_rounds_own_draw():
+    latency = dict(shift=0.5, mean=0.5, speed_factors=(1.0,), group_fractions=(1.0,))
+    # a latency model without a deadline: every selected update arrives (no closed form needed, None)
+    assert planner(latency=ShiftedExponential(**latency)).success_probs(0) is None
+    # a deadline and no channel: the on-time probability alone, at K = 1: 1 - e^-3 (see the closed form above)
+    alone = planner(latency=ShiftedExponential(**latency), deadline=2.0)
+    np.testing.assert_allclose(alone.success_probs(0).numpy(), [1 - math.exp(-3)] * 4, rtol=1e-12)
+    # without steps given: this round's draw of the step distribution (the plan uses the same)
+    drawn = planner(local_steps=UniformSteps(1, 3), latency=ShiftedExponential(**latency), deadline=2.0, seed=4)
+    for t in (0, 5):
+        steps = local_steps_for(UniformSteps(1, 3), t, N, 4)
+        torch.testing.assert_close(drawn.success_probs(t), drawn.success_probs(t, steps))
+        torch.testing.assert_close(drawn.plan(t).success_probs, drawn.success_probs(t, steps))
+
+
+def test_a_client_without_data_is_never_trained():
+    algorithm = FedAvg()
+    algorithm.setup(N, torch.zeros(1))
+    empty_second = ClientStreams(TensorDataset(torch.zeros(2 * N, 1), LABELS), [[0, 1], [], [4, 5], [6, 7]],
+                                 batch_size=2)
+    plan = RoundPlanner(Full(), algorithm, empty_second).plan(0)
+    assert plan.selected.tolist() == [True] * 4 and plan.trained.tolist() == [True, False, True, True]
+    assert plan.local_steps.tolist() == [1, 0, 1, 1]
