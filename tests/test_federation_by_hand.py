@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 from lightning_fedhet.algorithms import FedAvg
 from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.federation import RoundPlanner
-from lightning_fedhet.participation import Bernoulli, Full, UniformSample
+from lightning_fedhet.participation import Bernoulli, Full, LabelCorrelated, UniformSample
 from lightning_fedhet.seeding import Stream, generator
 from lightning_fedhet.system import LossDistribution, LossyChannel, ShiftedExponential, UniformSteps, local_steps_for
 
@@ -221,3 +221,15 @@ def test_a_client_without_data_is_never_trained():
     plan = RoundPlanner(Full(), algorithm, empty_second).plan(0)
     assert plan.selected.tolist() == [True] * 4 and plan.trained.tolist() == [True, False, True, True]
     assert plan.local_steps.tolist() == [1, 0, 1, 1]
+
+
+def test_a_label_correlated_recipe_gets_the_planners_seed_and_the_label_histograms():
+    # Bernoulli(LabelCorrelated()) needs the clients' label histograms; it is set up with the planner's seed (slip:
+    # left at seed 0, which changes the recipe's class affinities and the draws)
+    got = planner(Bernoulli(LabelCorrelated(mean=0.5, floor=0.1, alpha=0.5)), seed=5)
+    histograms = np.array([[1, 1, 0], [0, 1, 1], [0, 0, 2], [2, 0, 0]])  # see test_label_histograms_by_hand
+    draws = [got.plan(t).available.tolist() for t in range(12)]
+    for seed, same in ((5, True), (0, False)):
+        reference = Bernoulli(LabelCorrelated(mean=0.5, floor=0.1, alpha=0.5))
+        reference.setup(N, seed, label_hist=histograms)
+        assert (draws == [reference.sample(t).tolist() for t in range(12)]) is same, seed

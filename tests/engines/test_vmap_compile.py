@@ -230,6 +230,22 @@ def test_failure_in_mid_round_hands_the_state_to_torch_optim(optimizer, monkeypa
 
 
 @WITHOUT_COMPILER
+def test_uncompiled_cohort_gives_each_step_its_batch_index_and_keeps_a_frozen_first_parameter():
+    # the eager path: local step k gets batch_idx k (as the compiled path), and a frozen first parameter leaves the
+    # others trained like a per-client torch.optim loop
+    module = Indexed(logistic())
+    run_cohort(module, OPTIMIZERS["sgd"], batches((6,)), STEPS, compile=False)
+    assert module.batch_indices == [0, 1, 2, 3, 4]
+    net = logistic()
+    net.weight.requires_grad_(False)
+    make = OPTIMIZERS["sgd-momentum-wd"]
+    data = batches((6,))
+    cohort, _ = run_cohort(Wrapped(net), make, data, STEPS, compile=False)
+    expected, _ = per_client_reference(net, make, data, STEPS)
+    torch.testing.assert_close(cohort.flat_params(), expected, atol=1e-6, rtol=0)
+
+
+@WITHOUT_COMPILER
 def test_uncompiled_cohort_accumulates_mean_losses_per_client():
     make = OPTIMIZERS["sgd"]
     data = batches((6,))
