@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lightning_fedhet import FedHetStrategy
+from lightning_fedhet.algorithms import FedAvg
 from lightning_fedhet.engines.base import (
     apply_client_config,
     export_optimizer_state,
@@ -228,3 +229,36 @@ def test_a_rule_that_sends_a_config_needs_configure_client():
 
 def test_a_padding_step_says_what_it_is():
     assert repr(PADDING) == "PADDING"
+
+
+class RecordsUpdates(FedAvg):
+    """FedAvg that records each arriving client's loss and the size of its update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, tuple[float, float]] = {}
+
+    def add(self, client, delta, info) -> None:
+        self.seen[client] = (info.loss, float(delta.abs().sum()))
+        super().add(client, delta, info)
+
+
+class SkipsClientOne(TinyClassifier):
+    """Client 1's training_step returns None at every step (Lightning then skips its optimizer step)."""
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.strategy.server.current_client == 1:
+            return None
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_client_whose_every_step_returns_none_arrives_with_a_nan_loss_and_no_change():
+    # the sequential engine hands the rule each client's mean training loss; a client that never returned a loss
+    # has none (nan, not 0 and not an error), and its update is zero: it took no optimizer step
+    rule = RecordsUpdates()
+    strategy = FedHetStrategy(algorithm=rule, local_steps=2, seed=0, engine="sequential")
+    quiet_trainer(strategy=strategy, max_epochs=1).fit(SkipsClientOne(), datamodule=equal_clients(3))
+    assert sorted(rule.seen) == [0, 1, 2]
+    loss, change = rule.seen[1]
+    assert math.isnan(loss) and change == 0.0
+    assert all(np.isfinite(rule.seen[c][0]) and rule.seen[c][0] > 0 and rule.seen[c][1] > 0 for c in (0, 2))
