@@ -70,10 +70,9 @@ def test_a_guard_without_a_source_line_is_quoted():
     assert _compiled.describe_guard("G['scale'] == 3", 3).startswith("the step depends on G['scale'] == 3: ")
 
 
-def test_the_step_is_given_up_after_the_limit_of_recompiles_of_one_value(monkeypatch):
-    # torch.compile replaced by the identity: building an entry compiles nothing; Dynamo's record of guard failures
-    # replaced by a dict keyed by the entry's own code object
-    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
+def test_the_step_is_given_up_after_the_limit_of_recompiles_of_one_value(identity_compile, monkeypatch):
+    # with the identity "compile" building an entry compiles nothing; Dynamo's record of guard failures replaced by
+    # a dict keyed by the entry's own code object
     failures: dict = {}
     monkeypatch.setattr(_compiled, "guard_failures", failures)
     entry = _compiled.CompiledEntry(Counts(), None, "default")
@@ -97,9 +96,8 @@ def test_the_step_is_given_up_after_the_limit_of_recompiles_of_one_value(monkeyp
     assert other.code is not entry.code and other.recompile_cause() is None
 
 
-def test_the_limit_counts_each_guarded_value_apart(monkeypatch):
+def test_the_limit_counts_each_guarded_value_apart(identity_compile, monkeypatch):
     # two attributes recompiling twice each: four recompiles, but no value reached the limit of 3
-    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
     failures: dict = {}
     monkeypatch.setattr(_compiled, "guard_failures", failures)
     entry = _compiled.CompiledEntry(Counts(), None, "default")
@@ -124,8 +122,7 @@ def test_the_step_is_compiled_whole_in_the_mode_asked(monkeypatch, mode, passed)
     assert calls == [{"mode": passed, "fullgraph": True}]
 
 
-def test_entries_are_cached_per_module_rules_and_mode(monkeypatch):
-    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
+def test_entries_are_cached_per_module_rules_and_mode(identity_compile, monkeypatch):
     monkeypatch.setattr(_compiled, "_entries", type(_compiled._entries)())
     modules = [Counts() for _ in range(_compiled._CACHE_MODULES + 1)]
     first = _compiled.compiled_entry(modules[0], None, "default")

@@ -103,11 +103,6 @@ def test_weight_decay_of_exactly_one_is_applied():
 
 
 # ---------------------------------------------------------------------------------------------- cohorts
-@pytest.fixture
-def identity_compile(monkeypatch):
-    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
-
-
 def fused_cohort(module, make, data, steps=STEPS):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fall-back to eager would make these tests vacuous

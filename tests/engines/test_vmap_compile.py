@@ -116,12 +116,6 @@ OPTIMIZERS = {
 }
 
 
-@pytest.fixture
-def identity_compile(monkeypatch):
-    """torch.compile replaced by the identity: the fused step runs as the plain function it compiles."""
-    monkeypatch.setattr(_compiled.torch, "compile", lambda fn, **kwargs: fn)
-
-
 class Indexed(Wrapped):
     """Records the batch_idx each (traced) step is given; the identity "compile" runs it as plain Python."""
 
