@@ -111,17 +111,6 @@ def fused_cohort(module, make, data, steps=STEPS):
     return cohort
 
 
-def test_a_frozen_first_parameter_leaves_the_others_trained(identity_compile):
-    net = logistic()
-    net.weight.requires_grad_(False)  # the first parameter: the others must still be updated after it
-    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)  # noqa: E731
-    data = batches((6,))
-    cohort = fused_cohort(Wrapped(net), make, data)
-    expected, _ = per_client_reference(net, make, data, STEPS)
-    torch.testing.assert_close(cohort.flat_params(), expected, atol=1e-6, rtol=0)
-    assert not torch.equal(cohort.flat_params()[:, -3:], net.bias.detach().expand(4, 3))
-
-
 class ReturnsDict(Wrapped):
     def training_step(self, batch, batch_idx):
         return {"loss": super().training_step(batch, batch_idx), "extra": 1}
