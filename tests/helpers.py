@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Trainer
@@ -117,3 +118,10 @@ def four_client_server(
     planner = RoundPlanner(Full(), algorithm, streams, local_steps=local_steps, channel=LossyChannel(uplink=uplink),
                            latency=latency, seed=3)
     return Server(planner, algorithm, torch.zeros(num_parameters + extra), num_parameters=num_parameters, **options)
+
+
+def error_text(call, kind: type[Exception] = ValueError) -> str:
+    """The message of the ``kind`` exception ``call()`` raises (the test fails if it raises nothing or another)."""
+    with pytest.raises(kind) as err:
+        call()
+    return str(err.value)

@@ -15,6 +15,7 @@ import torch
 
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 from lightning_fedhet.algorithms.fedavg import FedAvg
+from tests.helpers import error_text
 
 MASK3 = torch.ones(3, dtype=torch.bool)
 
@@ -38,12 +39,6 @@ class Plain(Algorithm):
         self.params = self.params + sum(self.round_sum.values(), torch.zeros_like(self.params))
         self.round_sum = None
         return self.params
-
-
-def raised(kind, call) -> str:
-    with pytest.raises(kind) as err:
-        call()
-    return str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------- ClientInfo
@@ -74,7 +69,7 @@ def test_client_info_accepts_zero_and_reads_one_element_tensors():
     ],
 )
 def test_client_info_refuses_with_the_field_and_its_range(kwargs, message):
-    assert raised(ValueError, lambda: ClientInfo(**kwargs)) == message
+    assert error_text(lambda: ClientInfo(**kwargs)) == message
 
 
 # ---------------------------------------------------------------------------------------------- RoundContext
@@ -82,13 +77,13 @@ def test_round_context_checks_its_masks():
     ctx = RoundContext(round=3, num_clients=3, available=MASK3, selected=MASK3, received=MASK3)
     assert (ctx.round, ctx.num_clients) == (3, 3)
     make = dict(round=0, num_clients=3, available=MASK3, selected=MASK3, received=MASK3)
-    assert raised(ValueError, lambda: RoundContext(**{**make, "num_clients": 0})) == (
+    assert error_text(lambda: RoundContext(**{**make, "num_clients": 0})) == (
         "num_clients must be an integer >= 1, got 0"
     )
-    assert raised(ValueError, lambda: RoundContext(**{**make, "available": MASK3[:2]})) == (
+    assert error_text(lambda: RoundContext(**{**make, "available": MASK3[:2]})) == (
         "available must be a tensor of shape (3,) (one entry per client), got (2,)"
     )
-    assert raised(ValueError, lambda: RoundContext(**{**make, "received": [1, 1, 1]})) == (
+    assert error_text(lambda: RoundContext(**{**make, "received": [1, 1, 1]})) == (
         "received must be a tensor of shape (3,) (one entry per client), got list"
     )
 
@@ -105,7 +100,7 @@ def test_a_rule_before_setup():
     other = Plain()
     other.load_state_dict(state)
     assert other.params is None and other.client_weights is None and other.client_sizes is None
-    assert raised(RuntimeError, lambda: algo.open_round(0, None)) == (
+    assert error_text(kind=RuntimeError, call=lambda: algo.open_round(0, None)) == (
         "Plain.setup() must be called before the first round"
     )
 
@@ -122,7 +117,7 @@ def test_a_rule_before_setup():
     ],
 )
 def test_setup_refuses_with_the_argument_and_its_range(args, message):
-    assert raised(ValueError, lambda: Plain().setup(*args)) == message
+    assert error_text(lambda: Plain().setup(*args)) == message
 
 
 def test_setup_defaults_and_client_sizes_in_any_form():
@@ -155,21 +150,21 @@ def test_checkpoint_round_trip_keeps_the_client_sizes():
 def test_a_round_keeps_its_context_and_checks_each_update():
     algo = Plain()
     algo.setup(3, torch.zeros(2))
-    assert raised(RuntimeError, lambda: algo.add(0, torch.zeros(2), ClientInfo(1, 1))) == (
+    assert error_text(kind=RuntimeError, call=lambda: algo.add(0, torch.zeros(2), ClientInfo(1, 1))) == (
         "add() called without open_round()"
     )
     ctx = RoundContext(round=0, num_clients=3, available=MASK3, selected=MASK3, received=MASK3)
     algo.last_weights = {0: 1.0}  # what a rule leaves after closing a round
     algo.open_round(0, ctx)
     assert algo.ctx is ctx and algo.last_weights == {}
-    assert raised(IndexError, lambda: algo.add(3, torch.zeros(2), ClientInfo(1, 1))) == (
+    assert error_text(kind=IndexError, call=lambda: algo.add(3, torch.zeros(2), ClientInfo(1, 1))) == (
         "client id 3 out of range [0, 3)"
     )
-    assert raised(ValueError, lambda: algo.add(0, torch.zeros(3), ClientInfo(1, 1))) == (
+    assert error_text(lambda: algo.add(0, torch.zeros(3), ClientInfo(1, 1))) == (
         "delta of client 0 has shape (3,), expected (2,)"
     )
     algo.add(2, torch.ones(2), ClientInfo(1, 1))
-    assert raised(ValueError, lambda: algo.add(2, torch.ones(2), ClientInfo(1, 1))) == (
+    assert error_text(lambda: algo.add(2, torch.ones(2), ClientInfo(1, 1))) == (
         "client 2 already added in this round"
     )
     assert algo.close_round().tolist() == [1.0, 1.0]
@@ -178,13 +173,13 @@ def test_a_round_keeps_its_context_and_checks_each_update():
 def test_context_probabilities_are_checked_and_never_aggregated_clients_named():
     algo = Plain()
     algo.setup(12, torch.zeros(1))
-    assert raised(ValueError, lambda: algo._context_probs(None, "participation_probs", "weighting='known_p'")) == (
+    assert error_text(lambda: algo._context_probs(None, "participation_probs", "weighting='known_p'")) == (
         "weighting='known_p' needs RoundContext.participation_probs"
     )
-    assert raised(ValueError, lambda: algo._context_probs([0.5] * 11 + [1.5], "participation_probs", "x")) == (
+    assert error_text(lambda: algo._context_probs([0.5] * 11 + [1.5], "participation_probs", "x")) == (
         "RoundContext.participation_probs must lie in [0, 1], got 1.5"
     )
-    assert raised(ValueError, lambda: algo._context_probs([0.5, 0.5], "participation_probs", "x")).startswith(
+    assert error_text(lambda: algo._context_probs([0.5, 0.5], "participation_probs", "x")).startswith(
         "RoundContext.participation_probs has 2 entries but num_clients is 12"
     )
     tail = "they are never aggregated, so their data is never seen and the update is unbiased only for the " \

@@ -22,6 +22,7 @@ from lightning_fedhet.algorithms.fedcis import (
 )
 from lightning_fedhet.cis import CISTopology
 from tests.algorithms.test_fedcis import D_LEAF1, D_LEAF2, D_ROOT_EXIT2, TOY_MASKS, FixedUniforms, three_node_topology
+from tests.helpers import error_text
 
 INFO = ClientInfo(num_samples=1, local_steps=1)
 F64 = dict(dtype=torch.float64)
@@ -34,12 +35,6 @@ def seven_nodes() -> CISTopology:
 
 def single_exit() -> CISTopology:
     return CISTopology([[], []], [1, 1], arrival=[1.0, 1.0], transfer_cap=0.0)
-
-
-def error_text(call) -> str:
-    with pytest.raises(ValueError) as err:
-        call()
-    return str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------- sampling matrices

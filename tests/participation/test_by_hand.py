@@ -23,13 +23,7 @@ from lightning_fedhet.participation import (
     UniformSample,
 )
 from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream
-
-
-def _error(make) -> str:
-    """The message of the ValueError ``make()`` raises."""
-    with pytest.raises(ValueError) as err:
-        make()
-    return str(err.value)
+from tests.helpers import error_text
 
 
 def _philox(*entropy: int) -> np.random.Generator:
@@ -120,11 +114,11 @@ def test_trace_files_of_every_type(tmp_path):
         assert repr(trace) == f"Trace(mask={str(tmp_path / name)!r}, shape=(2, 3))"
     assert Trace(tmp_path / "row.csv").mask.shape == (1, 3)
     two = str(tmp_path / "two.npz")
-    assert _error(lambda: Trace(two)) == (
+    assert error_text(lambda: Trace(two)) == (
         f"mask: {two!r} holds arrays ['a', 'b']; name the trace 'mask' or store only one array")
     (tmp_path / "t.txt").write_text("1,0\n")
     path = str(tmp_path / "t.txt")
-    assert _error(lambda: Trace(path)) == f"mask: unsupported file type '.txt' for {path!r}; use .npy, .npz or .csv"
+    assert error_text(lambda: Trace(path)) == f"mask: unsupported file type '.txt' for {path!r}; use .npy, .npz or .csv"
     np.save(tmp_path / "objects.npy", np.array([[1, None]], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError):  # never unpickles a file
         Trace(tmp_path / "objects.npy")
@@ -197,7 +191,7 @@ def test_label_correlated_by_hand_and_its_input_errors():
     np.testing.assert_allclose(recipe.probabilities([[1, 0], [0, 1], [1, 0]], 4), 0.4 * np.array([q[0], q[1], q[0]]))
 
     def message(bad) -> str:
-        return _error(lambda: recipe.probabilities(bad, 0))
+        return error_text(lambda: recipe.probabilities(bad, 0))
 
     assert message("counts") == "label_hist must be a [num_clients, num_classes] array of label counts, got str"
     assert message(np.array([[1 + 1j, 1]])) == (
@@ -209,7 +203,7 @@ def test_label_correlated_by_hand_and_its_input_errors():
     assert message([[1.0, np.nan]]) == "label_hist must hold finite non-negative counts"
     assert message(np.array([[0, 0]] * 7 + [[1, 0]])) == (
         "label_hist: every client needs at least one sample, clients [0, 1, 2, 3, 4] have none")
-    assert _error(lambda: recipe.resolve(3, 0)) == (
+    assert error_text(lambda: recipe.resolve(3, 0)) == (
         "LabelCorrelated needs label_hist=[num_clients, num_classes] at the process's setup()")
 
 
@@ -237,7 +231,7 @@ def test_markov_lam_pairs_at_the_edge_of_feasibility():
     assert off_then.size > 0 and off_then.all()
     # the feasible lam for p: [max(1 - 1/p, 1 - 1/(1 - p)), 1), a side dropped where p is 0 or 1
     for p, lam, low in [(0.8, -0.5, "-0.25"), (0.3, -0.9, "-0.428571"), (0.0, -0.5, "0"), (1.0, -0.5, "0")]:
-        assert _error(lambda p=p, lam=lam: Markov(p=p, lam=lam).setup(2, seed=0)) == (
+        assert error_text(lambda p=p, lam=lam: Markov(p=p, lam=lam).setup(2, seed=0)) == (
             f"Markov(p, lam): infeasible pair p={p:g}, lam={lam:g}; P(off->on) = p(1-lam) and P(on->off) = "
             f"(1-p)(1-lam) must lie in [0, 1], so for this p lam must lie in [{low}, 1)")
 
@@ -260,17 +254,17 @@ def test_per_client_arguments_name_themselves_when_their_length_is_wrong():
     def wrong(name: str) -> str:
         return f"{name} has 2 entries but num_clients is 3; give a scalar or exactly one value per client"
 
-    assert _error(lambda: Markov(p_on=[0.1, 0.2], p_off=0.1).setup(3)) == wrong("p_on")
-    assert _error(lambda: Markov(p_on=0.1, p_off=[0.1, 0.2]).setup(3)) == wrong("p_off")
-    assert _error(lambda: Markov(p=0.5, max_on=[0.1, 0.2]).setup(3)) == wrong("max_on")
-    assert _error(lambda: Markov(p=[0.5, 0.5], lam=0.1).setup(3)) == wrong("p")
-    assert _error(lambda: Cyclic(5, [0.5, 0.5]).setup(3)) == wrong("p")
-    assert _error(lambda: Bernoulli([0.1, 0.2]).setup(3)) == wrong("p")
-    assert _error(lambda: Markov()) == (
+    assert error_text(lambda: Markov(p_on=[0.1, 0.2], p_off=0.1).setup(3)) == wrong("p_on")
+    assert error_text(lambda: Markov(p_on=0.1, p_off=[0.1, 0.2]).setup(3)) == wrong("p_off")
+    assert error_text(lambda: Markov(p=0.5, max_on=[0.1, 0.2]).setup(3)) == wrong("max_on")
+    assert error_text(lambda: Markov(p=[0.5, 0.5], lam=0.1).setup(3)) == wrong("p")
+    assert error_text(lambda: Cyclic(5, [0.5, 0.5]).setup(3)) == wrong("p")
+    assert error_text(lambda: Bernoulli([0.1, 0.2]).setup(3)) == wrong("p")
+    assert error_text(lambda: Markov()) == (
         "Markov takes exactly one of (p=, lam=), (p_on=, p_off=) or (p=, max_on=); got nothing")
-    assert _error(lambda: Markov(p=0.5)) == (
+    assert error_text(lambda: Markov(p=0.5)) == (
         "Markov takes exactly one of (p=, lam=), (p_on=, p_off=) or (p=, max_on=); got ['p']")
-    assert _error(lambda: Cyclic(5, CAFedClasses(shuffle=False))) == (
+    assert error_text(lambda: Cyclic(5, CAFedClasses(shuffle=False))) == (
         "p=CAFedClasses(g=0.4, nu=0.9, eps=0.01, composition='thesis', shuffle=False) also fixes Markov "
         "correlations (lam); use Markov(p=...) with it")
 
@@ -314,9 +308,9 @@ def test_edges_the_second_participation_run_left():
         p = recipe.probabilities(np.array([[5, 0], [0, 5], [1, 1]]), 0)
     assert [str(w.message) for w in caught] == ["LabelCorrelated: clipped 1 participation probabilities above 1 to 1"]
     assert p[0] == 1.0 and 0 < p[1] < 1 and p[2] == pytest.approx(0.9)
-    assert _error(lambda: recipe.probabilities(np.array([[1, 0], [0, 0]]), 0)) == (
+    assert error_text(lambda: recipe.probabilities(np.array([[1, 0], [0, 0]]), 0)) == (
         "label_hist: every client needs at least one sample, clients [1] have none")
-    assert _error(lambda: TwoGroup(0.1, low_fraction=1.5)) == "low_fraction must lie in [0, 1], got 1.5"
+    assert error_text(lambda: TwoGroup(0.1, low_fraction=1.5)) == "low_fraction must lie in [0, 1], got 1.5"
     paper = LabelCorrelated()  # FedAU's App. C.6: mean 0.1, floor 0.02, alpha 0.1
     assert (paper.mean, paper.floor, paper.alpha) == (0.1, 0.02, 0.1)
     every = UniformSample(5)
