@@ -268,8 +268,8 @@ def make_fused_step(loss: Callable, rules: dict[str, UpdateRule]) -> Callable:
         new_params, new_state = {}, {}
         for name, p in params.items():
             rule = rules.get(name)
-            if rule is None:
-                new_params[name] = p
+            if rule is None:  # a frozen parameter: it and its (empty) state pass through, keeping the state's keys
+                new_params[name], new_state[name] = p, state[name]
                 continue
             s = scalars[rule.slot * SCALARS : (rule.slot + 1) * SCALARS]
             updated, moved = _apply_rule(rule, p, grads[name], state[name], s)

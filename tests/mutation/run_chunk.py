@@ -84,13 +84,15 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                 [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", *IN_PROCESS_DDP]),
     # the vmap engine alone (it also stacks many seeds): the largest engine, with the slowest tests
     "vmap": ([f"{PKG}/engines/vmap.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
-                                          "tests/engines/test_vmap_compile.py"]),
+                                          "tests/engines/test_vmap_compile.py",
+                                          "tests/engines/test_vmap_fallbacks.py"]),
     # the vmap engine's functional step, its log collector and the fused optimizer rules of compile=True: measured
     # by the tests that run them eagerly (torch.compile replaced by the identity, marked without_compiler)
     "compiled": ([f"{PKG}/engines/_compiled.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
                                                   "tests/engines/test_vmap_compile.py",
                                                   "tests/engines/test_compiled_guards.py",
-                                                  "tests/engines/test_fused_rules.py"]),
+                                                  "tests/engines/test_fused_rules.py",
+                                                  "tests/engines/test_vmap_fallbacks.py"]),
 }
 
 
