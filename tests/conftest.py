@@ -14,3 +14,17 @@ def _quiet_lightning(monkeypatch):
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     yield
+
+
+@pytest.fixture
+def in_this_process():
+    """For a one-process FedHetDDPStrategy fit in the test process: Lightning initialises a one-member process group
+    here and sets its environment variables; both are undone afterwards."""
+    import torch.distributed
+
+    environ = dict(os.environ)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(environ)

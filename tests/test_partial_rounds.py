@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 
-from lightning_fedhet import FederatedDataModule, FedHetStrategy
+from lightning_fedhet import FederatedDataModule, FedHetDDPStrategy, FedHetStrategy
 from lightning_fedhet.participation import UniformSample
 from tests.helpers import FailsAtCall, TinyClassifier, flat_params, quiet_trainer, toy_dataset
 
@@ -166,3 +166,34 @@ def test_an_int_val_check_interval_longer_than_a_round_is_reported_once():
         warnings.filterwarnings("error", message=".*was not reached.*")
         trainer.fit(TinyClassifier(), datamodule=_data())
     assert seen.steps == [20]
+
+
+class _LogsItsLoss(TinyClassifier):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+@pytest.mark.parametrize("strategy_class", [FedHetStrategy, FedHetDDPStrategy],
+                         ids=["FedHetStrategy", "FedHetDDPStrategy-one-process"])
+def test_rounds_cut_short_with_validation_inside_them_close_as_cut_and_show_the_global_model(strategy_class,
+                                                                                           in_this_process):
+    # 4 clients of one local step a round, each epoch cut after 2 steps, validation after every step (both before the
+    # cut round closes): each round is recorded as cut, every validation sees the global model (also in the rounds
+    # after a cut one, which must hold it again), and the module ends with it. FedHetDDPStrategy runs one process
+    # in this process.
+    data = _data()
+    probe = ValidationLoss(data.val_dataset)
+    strategy = strategy_class(participation=UniformSample(4), local_steps=1, engine="sequential")
+    one_device = dict(devices=1) if strategy_class is FedHetDDPStrategy else {}
+    trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_train_batches=2, val_check_interval=1,
+                            callbacks=[probe], **one_device)
+    with pytest.warns(UserWarning, match="cut short"):
+        trainer.fit(_LogsItsLoss(), datamodule=data)
+    assert [h["complete"] for h in strategy.history] == [False, False, False]
+    assert [len(h["received"]) for h in strategy.history] == [2, 2, 2]  # two of the four clients had finished
+    assert len(probe.pairs) == 6
+    for logged, expected in probe.pairs:
+        assert logged == pytest.approx(expected, abs=1e-5)
+    torch.testing.assert_close(flat_params(trainer.lightning_module), strategy.global_params, rtol=0, atol=0)

@@ -337,18 +337,6 @@ def test_one_process_comm_and_round_logs_by_hand():
     assert combined["top"][:3] == (7.0, 3, "max")
 
 
-@pytest.fixture
-def in_this_process():
-    """For a one-process FedHetDDPStrategy fit in the test process: Lightning initialises a one-member process group
-    here and sets its environment variables; both are undone afterwards."""
-    environ = dict(os.environ)
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(environ)
-
-
 class _ProgressBarLoss(TinyClassifier):
     """Logs its loss to the progress bar only, and records the batch_idx of each step."""
 

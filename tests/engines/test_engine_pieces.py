@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.algorithms import FedAvg
@@ -21,7 +22,7 @@ from lightning_fedhet.engines.base import (
     probe_losses,
 )
 from lightning_fedhet.engines.sequential import SequentialEngine
-from lightning_fedhet.engines.sharded import PADDING, RoundLogs, combine_logs
+from lightning_fedhet.engines.sharded import PADDING, RoundLogs, ShardedSequentialEngine, combine_logs
 from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation import Trace
@@ -169,6 +170,37 @@ def test_combine_logs_merges_processes_like_one_process():
     swapped = combine_logs([rank1, rank0])
     assert {k: v[:3] for k, v in swapped.items() if k != "empty"} == {
         k: v[:3] for k, v in combined.items() if k != "empty"}
+
+
+class _LogRecorder:
+    """Stands in for the LightningModule's ``log``: records each call, or refuses the names in ``refuse`` the way
+    Lightning refuses ``self.log`` in a hook where it allows no logging."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[str, torch.Tensor, dict]] = []
+
+    def log(self, name, value, **kwargs) -> None:
+        if name in self.refuse:
+            raise MisconfigurationException("You can't `self.log()` in `on_train_end`")
+        self.calls.append((name, value, kwargs))
+
+
+def test_the_merged_round_metrics_are_logged_once_per_round_where_asked_and_a_refusal_is_said():
+    # each merged value is logged once for the round (an epoch value, never a step value), shown where the first
+    # process's self.log asked; a metric Lightning refuses is skipped with a warning naming it and the reason,
+    # pointing at the code that closed the round, and the others are still logged
+    engine = ShardedSequentialEngine(SimpleNamespace())
+    engine.module = _LogRecorder(refuse=("top",))
+    with pytest.warns(UserWarning) as record:
+        engine._emit_logs({"loss": (1.75, 8, "mean", True, None), "top": (7.0, 3, "max", False, False),
+                           "seen": (5.0, 0, "sum", False, True)})
+    assert [str(w.message) for w in record] == [
+        "round metric 'top' not logged: You can't `self.log()` in `on_train_end`"]
+    assert record[0].filename == __file__
+    assert [(name, float(value)) for name, value, _ in engine.module.calls] == [("loss", 1.75), ("seen", 5.0)]
+    shown = [(kw["prog_bar"], kw["logger"], kw["on_step"], kw["on_epoch"]) for _, _, kw in engine.module.calls]
+    assert shown == [(True, None, False, True), (False, True, False, True)]
 
 
 class _Indexed(TinyClassifier):
