@@ -308,6 +308,11 @@ def test_edges_the_second_participation_run_left():
         p = recipe.probabilities(np.array([[5, 0], [0, 5], [1, 1]]), 0)
     assert [str(w.message) for w in caught] == ["LabelCorrelated: clipped 1 participation probabilities above 1 to 1"]
     assert p[0] == 1.0 and 0 < p[1] < 1 and p[2] == pytest.approx(0.9)
+    # a floor of 1 lifts every probability to exactly 1: nothing lies above 1, so nothing is clipped or said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lifted = LabelCorrelated(mean=0.1, floor=1.0).probabilities(np.array([[5, 0], [0, 5], [1, 1]]), 0)
+    assert lifted.tolist() == [1.0, 1.0, 1.0]
     assert error_text(lambda: recipe.probabilities(np.array([[1, 0], [0, 0]]), 0)) == (
         "label_hist: every client needs at least one sample, clients [1] have none")
     assert error_text(lambda: TwoGroup(0.1, low_fraction=1.5)) == "low_fraction must lie in [0, 1], got 1.5"

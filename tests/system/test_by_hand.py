@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lightning_fedhet.seeding import STATIC_KEY, StaticKey, Stream
 from lightning_fedhet.system import LossyChannel, ShiftedExponential, TwoGroupSteps, UniformSteps, VirtualClock
 
 
@@ -87,3 +88,17 @@ def test_on_time_probabilities_and_means_match_the_sampled_times():
         np.testing.assert_allclose(latency.expected(local_steps=2), [6.0] * 3)
         assert abs(times.mean() - 6.0) < 0.15, steps  # sd of T <= 2 * 2 * sqrt(2) here, / sqrt(12000) ~ 0.05
     assert _one_group("sum").expected().tolist() == [3.0] * 3  # one local step by default
+
+
+def test_speed_groups_are_drawn_from_their_documented_static_stream():
+    # the counter-based seeding written out (Philox keyed by seed, the latency stream, the static key and the
+    # groups' sub-key): groups drawn from another key would be correlated with one round's latencies and change
+    # every published result for the same seed
+    latency = ShiftedExponential(shift=0.5, mean=1.0, speed_factors=(1.0, 3.0), group_fractions=(0.3, 0.7))
+    latency.setup(10, seed=5)
+    perm = np.random.Generator(np.random.Philox(np.random.SeedSequence(
+        [5, int(Stream.LATENCY), STATIC_KEY, int(StaticKey.LATENCY_GROUPS)]))).permutation(10)
+    expected = np.empty(10, dtype=np.int64)
+    expected[perm] = [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]  # 30 % in the first group, 70 % in the second
+    assert latency.group.tolist() == expected.tolist()
+    assert latency.speed.tolist() == [1.0 if g == 0 else 3.0 for g in expected]
