@@ -49,25 +49,30 @@ class LossyChannel:
         self.q_up = self.q_down = np.empty(0)
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
-        self.num_clients = check_int(num_clients, "num_clients")
-        self.seed = check_seed(seed)
-        self.q_up = self._resolve(self._q_up_spec, 0, "uplink")
-        self.q_down = self._resolve(self._q_down_spec, 0, "downlink")
+        # checked and resolved before anything is assigned: a refused setup leaves the channel as it was
+        num_clients, seed = check_int(num_clients, "num_clients"), check_seed(seed)
+        q_up = self._resolve(self._q_up_spec, 0, "uplink", num_clients, seed)
+        q_down = self._resolve(self._q_down_spec, 0, "downlink", num_clients, seed)
+        self.num_clients, self.seed, self.q_up, self.q_down = num_clients, seed, q_up, q_down
 
     @property
     def dynamic(self) -> bool:
         """Whether the loss probabilities are re-drawn every round."""
         return isinstance(self._q_up_spec, LossDistribution) or isinstance(self._q_down_spec, LossDistribution)
 
-    def _resolve(self, spec: Any, round: int, name: str) -> np.ndarray:
+    @staticmethod
+    def _resolve(spec: Any, round: int, name: str, num_clients: int, seed: int) -> np.ndarray:
         if isinstance(spec, LossDistribution):
-            return spec.sample(round, self.num_clients, self.seed)
-        return per_client(spec, self.num_clients, name)
+            return spec.sample(round, num_clients, seed)
+        return per_client(spec, num_clients, name)
+
+    def _at(self, spec: Any, round: int, name: str) -> np.ndarray:
+        return self._resolve(spec, round, name, self.num_clients, self.seed)
 
     def loss_probs_at(self, round: int) -> tuple[np.ndarray, np.ndarray]:
         """``(q_up, q_down)`` of round ``round``, float64 ``[N]`` each."""
         self._check_setup()
-        return self._resolve(self._q_up_spec, round, "uplink"), self._resolve(self._q_down_spec, round, "downlink")
+        return self._at(self._q_up_spec, round, "uplink"), self._at(self._q_down_spec, round, "downlink")
 
     def success_probs_at(self, round: int) -> Tensor:
         """``(1 - q_down)(1 - q_up)`` per client in round ``round`` (what the server's system oracle sees)."""
@@ -87,12 +92,12 @@ class LossyChannel:
 
     def downlink(self, round: int, selected: Any) -> Tensor:
         """Clients of ``selected`` (bool ``[N]``) that received the global model in round ``round``."""
-        q_down = self._resolve(self._q_down_spec, round, "downlink") if self.dynamic else self.q_down
+        q_down = self._at(self._q_down_spec, round, "downlink") if self.dynamic else self.q_down
         return self._transmit(Stream.DOWNLINK, round, selected, q_down, "selected")
 
     def uplink(self, round: int, trained: Any) -> Tensor:
         """Clients of ``trained`` (bool ``[N]``) whose update reached the server in round ``round``."""
-        q_up = self._resolve(self._q_up_spec, round, "uplink") if self.dynamic else self.q_up
+        q_up = self._at(self._q_up_spec, round, "uplink") if self.dynamic else self.q_up
         return self._transmit(Stream.UPLINK, round, trained, q_up, "trained")
 
     @property

@@ -86,15 +86,15 @@ class ShiftedExponential:
         return cls(shift=0.5 * c, mean=c, **kwargs)
 
     def setup(self, num_clients: int, seed: int = 0) -> None:
-        self.num_clients = check_int(num_clients, "num_clients")
-        self.seed = check_seed(seed)
-        bounds = np.rint(np.cumsum(self.group_fractions) * self.num_clients).astype(np.int64)
-        bounds[-1] = self.num_clients
-        sorted_groups = np.searchsorted(bounds, np.arange(self.num_clients), side="right")
-        perm = generator(self.seed, Stream.LATENCY, STATIC_KEY, StaticKey.LATENCY_GROUPS).permutation(self.num_clients)
-        self.group = np.empty(self.num_clients, dtype=np.int64)
-        self.group[perm] = sorted_groups
-        self.speed = self.speed_factors[self.group]
+        # checked and computed before anything is assigned: a refused setup leaves the object as it was
+        num_clients, seed = check_int(num_clients, "num_clients"), check_seed(seed)
+        bounds = np.rint(np.cumsum(self.group_fractions) * num_clients).astype(np.int64)
+        bounds[-1] = num_clients
+        sorted_groups = np.searchsorted(bounds, np.arange(num_clients), side="right")
+        perm = generator(seed, Stream.LATENCY, STATIC_KEY, StaticKey.LATENCY_GROUPS).permutation(num_clients)
+        group = np.empty(num_clients, dtype=np.int64)
+        group[perm] = sorted_groups
+        self.num_clients, self.seed, self.group, self.speed = num_clients, seed, group, self.speed_factors[group]
 
     def _check_setup(self) -> None:
         if self.num_clients < 1:

@@ -346,3 +346,33 @@ def test_tensors_that_require_grad_are_read_detached():
     everyone = np.ones(2, dtype=bool)
     times = model.sample(0, everyone, torch.tensor([2.0, 3.0], requires_grad=True))
     np.testing.assert_allclose(times / [2.0, 3.0], model.sample(0, everyone, 1), rtol=1e-14)
+
+
+def test_a_refused_setup_leaves_the_models_as_they_were():
+    # every argument is checked before anything is assigned: a refused setup after a good one keeps the good one,
+    # and one on a fresh object leaves it not set up (slip: the size assigned before the seed or the losses are
+    # checked, so that later draws mix two sizes)
+    channel = LossyChannel(uplink=[0.1, 0.2, 0.3], downlink=0.5)
+    channel.setup(3, seed=1)
+    with pytest.raises(ValueError):
+        channel.setup(4, seed=1)  # three uplink losses for four clients
+    with pytest.raises(ValueError):
+        channel.setup(3, seed=-1)
+    assert (channel.num_clients, channel.seed) == (3, 1)
+    assert channel.q_up.tolist() == [0.1, 0.2, 0.3] and channel.q_down.tolist() == [0.5] * 3
+    fresh = LossyChannel(uplink=[0.1, 0.2])
+    with pytest.raises(ValueError):
+        fresh.setup(3)
+    with pytest.raises(RuntimeError, match=r"^LossyChannel.setup\(num_clients, seed\) must be called first$"):
+        fresh.uplink(0, [True, True, True])
+    latency = _one_group()
+    latency.setup(2, seed=3)
+    with pytest.raises(ValueError):
+        latency.setup(5, seed=-1)
+    assert (latency.num_clients, latency.seed, latency.group.tolist()) == (2, 3, [0, 0])
+    assert latency.sample(0, [True, True]).shape == (2,)
+    unset = _one_group()
+    with pytest.raises(ValueError):
+        unset.setup(4, seed=-1)
+    with pytest.raises(RuntimeError, match=r"^ShiftedExponential.setup\(num_clients, seed\) must be called first$"):
+        unset.sample(0, [True] * 4)
