@@ -72,6 +72,11 @@ def test_on_time_probabilities_by_hand_in_both_step_models():
     np.testing.assert_allclose(total.on_time_probs(0.5, local_steps=2), [0.0] * 3)  # D/s below K shift: never
     scaled = _one_group("scale")  # T = K s (shift + E): P = 1 - exp(-(D/(K s) - shift) / mean)
     np.testing.assert_allclose(scaled.on_time_probs(5.0, local_steps=2), [1 - np.exp(-0.75)] * 3, rtol=1e-12)
+    np.testing.assert_allclose(scaled.on_time_probs(1.0, local_steps=2), [0.0] * 3)  # D/(K s) below shift: never
+    # a mean of 2 (the slack is divided by the mean, not multiplied): 1 - exp(-(5/4 - 0.5) / 2)
+    slower = ShiftedExponential(shift=0.5, mean=2.0, speed_factors=(2.0,), group_fractions=(1.0,), steps="scale")
+    slower.setup(3, seed=0)
+    np.testing.assert_allclose(slower.on_time_probs(5.0, local_steps=2), [1 - np.exp(-0.375)] * 3, rtol=1e-12)
     with pytest.raises(ValueError, match=r"^deadline must"):
         total.on_time_probs(0.0)
 
