@@ -118,6 +118,21 @@ def test_per_round_losses_on_either_link_follow_their_round(link):
     assert channel.uplink_success.tolist() == channel.downlink_success.tolist() == [1.0] * n
 
 
+def test_a_channel_of_seeded_per_round_losses_keeps_round_zeros_draw_as_its_fixed_probabilities():
+    # success_probs & co. are documented as round 0's for a per-round channel: setup must draw them with the
+    # channel's own seed, as loss_probs_at(0) does (slip: setup drawing one link without the seed)
+    channel = LossyChannel(uplink=UniformLoss(0.1, 0.5), downlink=UniformLoss(0.2, 0.6))
+    channel.setup(6, seed=3)
+    q_up, q_down = channel.loss_probs_at(0)
+    assert len(set(q_up.tolist())) == len(set(q_down.tolist())) == 6  # drawn per client
+    assert channel.uplink_success.tolist() == (1.0 - q_up).tolist()
+    assert channel.downlink_success.tolist() == (1.0 - q_down).tolist()
+    assert channel.success_probs.tolist() == channel.success_probs_at(0).tolist()
+    other = LossyChannel(uplink=UniformLoss(0.1, 0.5), downlink=UniformLoss(0.2, 0.6))
+    other.setup(6, seed=4)
+    assert other.loss_probs_at(0)[1].tolist() != q_down.tolist()  # the draw depends on the seed
+
+
 def test_success_probability_at_a_round_multiplies_both_links():
     # catches (1 - q_down) turned into (1 + q_down): q_down = 0.5, q_up = 0.2 give 0.5 * 0.8 = 0.4, not 1.2
     channel = LossyChannel(uplink=0.2, downlink=[0.5, 0.0])
