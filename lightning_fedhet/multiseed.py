@@ -55,7 +55,7 @@ from lightning.pytorch import seed_everything
 from torch import Tensor
 
 from lightning_fedhet._checks import check_int
-from lightning_fedhet.engines.base import apply_client_config, probe_losses
+from lightning_fedhet.engines.base import apply_client_config, log_reduction, probe_losses, reduce_logged
 from lightning_fedhet.engines.vmap import (
     StateLayout,
     VmapUnsupported,
@@ -85,7 +85,8 @@ class SeedRun:
         server: the seed's server (global vector, rule state, history).
         metrics: one dict per round: ``round`` (0-based), the ``round/...`` counts of
             :func:`~lightning_fedhet.history.round_metrics`, ``train_loss`` (mean training loss of the clients that
-            trained, NaN if none) and the mean of every value ``training_step`` logged with ``self.log``.
+            trained, NaN if none) and every value ``training_step`` logged with ``self.log``, reduced over the round's
+            client steps as its ``reduce_fx`` asks (the mean by default).
         evals: ``(round, metrics)`` pairs returned by ``evaluate`` (``round`` counts completed rounds, 1-based).
     """
 
@@ -188,6 +189,10 @@ def fit_seeds(
             logs = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure)
             submit_groups(members, groups)
         losses = _train_losses(groups, len(runs))
+        reductions = {}  # per logged name, the reduction training_step asked for (as the vmap engine logs it)
+        for group in groups:
+            for name, shown in group.cohort.log_display.items():
+                reductions[name] = log_reduction(name, shown.get("reduce_fx", "mean"))
         for owner, run in enumerate(runs):
             run.server.close_round()
             record = run.server.history[-1]
@@ -195,7 +200,8 @@ def fit_seeds(
             for name, chunks in logs.items():
                 values = [v[torch.from_numpy(o == owner).to(v.device)] for v, o in chunks]
                 values = torch.cat(values) if values else torch.zeros(0)
-                metrics[name] = float(values.mean()) if values.numel() else float("nan")
+                reduced = reduce_logged(values, reductions.get(name, "mean")) if values.numel() else torch.nan
+                metrics[name] = float(reduced)
             run.metrics.append(metrics)
         for config in epoch_schedulers:  # as Lightning steps them at the end of every `frequency`-th epoch
             if (t + 1) % config.frequency == 0:

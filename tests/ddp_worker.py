@@ -121,6 +121,15 @@ def job_three_clients() -> dict:
     return result(s)
 
 
+def job_uneven_vmap_logging() -> dict:
+    """vmap on each process with unequal client steps per process (3 on one, 2 on the other): the round's logged
+    mean must weight each process by its client steps."""
+    data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
+    s, trainer = fit(LoggingClassifier(), data, strategy=strategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2,
+                                                                 engine="vmap"))
+    return result(s, train_loss=float(trainer.callback_metrics["train_loss"]))
+
+
 def job_single_client(engine: str) -> dict:
     s, trainer = fit(LoggingClassifier(), six_clients(), strategy=strategy(
         algorithm=FedAvg(), participation=UniformSample(1), local_steps=2, seed=4, engine=engine))
@@ -188,6 +197,7 @@ def jobs(out: Path) -> dict:
             "ckpt_save": (job_ckpt_save, out),
             "ckpt_resume": (job_ckpt_resume, out),
             "three_clients": (job_three_clients,),
+            "uneven_vmap_logging": (job_uneven_vmap_logging,),
             "single_client": (job_single_client, "sequential"),
             "single_client_vmap": (job_single_client, "vmap"),
             "one_client": (job_one_client,),

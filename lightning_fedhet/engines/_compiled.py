@@ -67,26 +67,28 @@ class StepModule(nn.Module):
         return out, dict(self.lm.named_buffers())
 
 
-#: ``LightningModule.log``'s display arguments, in its positional order after ``name`` and ``value``
-LOG_DISPLAY = ("prog_bar", "logger")
+#: ``LightningModule.log``'s arguments after ``name`` and ``value``, in its positional order
+LOG_POSITIONAL = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx")
+#: those the vmap engine follows when it logs a round's value: where it is shown, and how the values are reduced
+LOG_DISPLAY = ("prog_bar", "logger", "reduce_fx")
 
 
 class LogCollector:
     """Stands in for ``LightningModule.log`` during a vmapped step: records names and per-client values, and where
-    each name is to be shown (:attr:`display`)."""
+    each name is to be shown and how its values are reduced (:attr:`display`)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.values: list[Tensor] = []
         self._shown: list[dict[str, Any]] = []
-        #: per name, the ``prog_bar`` / ``logger`` arguments of the last step's ``self.log`` call: the engine logs the
-        #: round's value with them, as the sequential engine logs every step's
+        #: per name, the ``prog_bar`` / ``logger`` / ``reduce_fx`` arguments of the last step's ``self.log`` call: the
+        #: engine logs the round's value with them, as the sequential engine logs every step's
         self.display: dict[str, dict[str, Any]] = {}
 
     def __call__(self, name: str, value, *args, **kwargs) -> None:
         self.names.append(name)
         self.values.append(torch.as_tensor(value, dtype=torch.float32))
-        shown = dict(zip(LOG_DISPLAY, args))
+        shown = {key: arg for key, arg in zip(LOG_POSITIONAL, args) if key in LOG_DISPLAY}
         shown.update({key: kwargs[key] for key in LOG_DISPLAY if key in kwargs})
         self._shown.append(shown)
 

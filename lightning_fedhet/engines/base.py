@@ -203,6 +203,24 @@ def probe_losses(
     return losses
 
 
+#: ``self.log(..., reduce_fx=...)`` values an engine that aggregates a round's logged values itself can follow
+_LOG_REDUCTIONS = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
+
+
+def log_reduction(name: str, reduce_fx: Any = "mean") -> str:
+    """The reduction (``"mean"``, ``"sum"``, ``"max"`` or ``"min"``) that ``self.log(name, ..., reduce_fx=...)`` asks
+    for, given by name or as a function (``torch.max``); anything else raises ``ValueError`` naming the call."""
+    reduction = _LOG_REDUCTIONS.get(reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", ""))
+    if reduction is None:
+        raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use 'mean', 'sum', 'max' or 'min'")
+    return reduction
+
+
+def reduce_logged(values: Tensor, reduction: str) -> Tensor:
+    """``values`` (any shape, at least one element) reduced to a scalar by ``reduction`` (see :func:`log_reduction`)."""
+    return {"mean": torch.mean, "sum": torch.sum, "max": torch.max, "min": torch.min}[reduction](values)
+
+
 def _unchanged(batch: Any) -> Any:
     return batch
 

@@ -26,12 +26,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_fedhet.distributed import ProcessGroupComm, local_view, place_clients
-from lightning_fedhet.engines.base import Engine
+from lightning_fedhet.engines.base import Engine, log_reduction
 from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.federation import RoundPlan
-
-_REDUCTIONS = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
 
 
 class Padding:
@@ -71,9 +69,7 @@ class RoundLogs:
         batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        reduction = _REDUCTIONS.get(reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", ""))
-        if reduction is None:
-            raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use 'mean', 'sum', 'max' or 'min'")
+        reduction = log_reduction(name, reduce_fx)
         if isinstance(value, Tensor):
             if value.numel() != 1:
                 raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}")

@@ -37,8 +37,10 @@ BatchNorm with ``momentum=None`` (a cumulative average), optimizers whose state 
 per-client persistent optimizer state, data-dependent Python control flow in ``training_step`` (caught when
 ``torch.func`` refuses it), manual optimization, learning-rate schedulers with ``interval="step"`` (they would
 advance once per round here; ``"epoch"`` schedulers advance once per round under both engines and give the same
-run). ``self.log`` inside ``training_step`` works: each logged value is computed per client and the strategy logs
-their mean.
+run). ``self.log`` inside ``training_step`` works: each logged value is computed per client and step, and the
+engine logs, once per round, their reduction as ``reduce_fx`` asks (``"mean"``, ``"sum"``, ``"max"``, ``"min"``;
+another reduction raises naming the call), shown where ``prog_bar`` / ``logger`` ask: the epoch value the sequential
+engine gives for ``on_epoch=True``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from lightning_fedhet.engines._compiled import (
     update_rules,
 )
 from lightning_fedhet.engines._malloc import keep_freed_memory
-from lightning_fedhet.engines.base import Engine, EngineBatch
+from lightning_fedhet.engines.base import Engine, EngineBatch, log_reduction, reduce_logged
 from lightning_fedhet.federation import RoundPlan
 from lightning_fedhet.server import Server
 
@@ -372,7 +374,8 @@ class VmapCohort:
 
     @property
     def log_display(self) -> dict[str, dict[str, Any]]:
-        """Per logged name, the ``prog_bar`` / ``logger`` arguments ``training_step`` passed to ``self.log``."""
+        """Per logged name, the ``prog_bar`` / ``logger`` / ``reduce_fx`` arguments ``training_step`` passed to
+        ``self.log``."""
         display: dict[str, dict[str, Any]] = {}
         for entry in (self._fused, self._grad_entry):
             if entry is not None:
@@ -768,9 +771,15 @@ class VmapEngine(Engine):
         display: dict[str, dict[str, Any]] = {}
         for group in self.groups:
             display.update(group.cohort.log_display)
-        for name, chunks in logs.items():  # the mean over every client's steps, shown where the step asked
-            value = torch.cat([values for values, _ in chunks]).mean()
-            self.module.log(name, value, on_step=False, on_epoch=True, batch_size=1, **display.get(name, {}))
+        for name, chunks in logs.items():  # every client's steps reduced as the step asked, shown where it asked
+            values = torch.cat([values for values, _ in chunks])
+            if not values.numel():
+                continue
+            options = dict(display.get(name, {}))
+            reduction = log_reduction(name, options.pop("reduce_fx", "mean"))
+            # batch_size: a many-process run weights each process's mean by its count of client steps
+            self.module.log(name, reduce_logged(values, reduction), on_step=False, on_epoch=True, reduce_fx=reduction,
+                            batch_size=values.numel(), **options)
         # The cohort stepped its own stacked copies; Lightning's optimizer has nothing to do.
         return None
 

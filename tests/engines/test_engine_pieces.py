@@ -19,7 +19,9 @@ from lightning_fedhet.engines.base import (
     apply_client_config,
     export_optimizer_state,
     import_optimizer_state,
+    log_reduction,
     probe_losses,
+    reduce_logged,
 )
 from lightning_fedhet.engines.sequential import SequentialEngine
 from lightning_fedhet.engines.sharded import PADDING, RoundLogs, ShardedSequentialEngine, combine_logs
@@ -170,6 +172,19 @@ def test_combine_logs_merges_processes_like_one_process():
     swapped = combine_logs([rank1, rank0])
     assert {k: v[:3] for k, v in swapped.items() if k != "empty"} == {
         k: v[:3] for k, v in combined.items() if k != "empty"}
+
+
+def test_log_reductions_by_name_or_function_and_a_refusal_naming_the_call():
+    names = [log_reduction("loss", r) for r in ("mean", "avg", "sum", "max", "min")]
+    assert names == ["mean", "mean", "sum", "max", "min"] and log_reduction("loss") == "mean"
+    assert [log_reduction("loss", f) for f in (torch.mean, torch.sum, torch.max, torch.min)] == [
+        "mean", "sum", "max", "min"]
+    with pytest.raises(ValueError) as err:
+        log_reduction("loss", "median")
+    assert str(err.value) == "self.log('loss', reduce_fx='median'): use 'mean', 'sum', 'max' or 'min'"
+    values = torch.tensor([1.0, 4.0, 2.0])
+    reduced = [float(reduce_logged(values, r)) for r in ("mean", "sum", "max", "min")]
+    assert reduced == [pytest.approx(7 / 3), 7.0, 4.0, 1.0]
 
 
 class _LogRecorder:

@@ -233,3 +233,33 @@ def test_vmap_setup_refusals_name_their_cause_whole():
         "would move the parts a client does not train")
     check_vmap_setup(module, decayed, SimpleNamespace(optimizer_state="reset", algorithm=SimpleNamespace(
         sends_client_config=False)))  # weight decay is fine when every client trains the whole model
+
+
+class _Reduced(TinyClassifier):
+    """Logs per step with each reduction ``self.log`` offers, by name, as a function, and by position."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss_max", loss, on_step=False, on_epoch=True, reduce_fx="max")
+        self.log("loss_min", loss, on_step=False, on_epoch=True, reduce_fx=torch.min)
+        self.log("steps_taken", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        self.log("loss_mean", loss, False, True, False, True, "mean")
+        return loss
+
+
+def test_vmap_reduces_each_logged_value_as_training_step_asked_like_the_sequential_engine():
+    # the sequential engine's epoch value is Lightning's own reduction over the round's local steps; the vmap engine
+    # reduces its clients' per-step values the same way (slip: every name averaged, whatever reduce_fx says)
+    def fit(engine: str):
+        strategy = FedHetStrategy(local_steps=UniformSteps(1, 3), seed=0, engine=engine)
+        trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
+        trainer.fit(_Reduced(), datamodule=equal_clients(4))
+        return trainer, strategy
+
+    (vmap, strategy), (sequential, _) = fit("vmap"), fit("sequential")
+    for name in ("loss_max", "loss_min", "steps_taken", "loss_mean"):
+        torch.testing.assert_close(vmap.callback_metrics[name], sequential.callback_metrics[name], rtol=1e-5,
+                                   atol=1e-6)
+    steps = strategy.history[-1]["local_steps"]
+    assert float(vmap.callback_metrics["steps_taken"]) == sum(steps.values()) >= 4  # one per client step
+    assert vmap.callback_metrics["loss_max"] > vmap.callback_metrics["loss_mean"] > vmap.callback_metrics["loss_min"]
