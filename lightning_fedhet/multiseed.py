@@ -183,16 +183,15 @@ def fit_seeds(
             members.append((server, server.begin_round(server.next_round, probe=probe)))
         groups = build_groups(carrier, optimizer, members, configure, compile, layout)
         logs: dict = {}
+        display: dict = {}
         if groups:
             steps = max(int(plan.local_steps.max()) for _, plan in members if plan.trained_ids)
             lock_step = lock_step_batches(members, groups, to_device)
-            logs = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure)
+            logs = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure, display)
             submit_groups(members, groups)
         losses = _train_losses(groups, len(runs))
-        reductions = {}  # per logged name, the reduction training_step asked for (as the vmap engine logs it)
-        for group in groups:
-            for name, shown in group.cohort.log_display.items():
-                reductions[name] = log_reduction(name, shown.get("reduce_fx", "mean"))
+        # per logged name, the reduction training_step asked for (as the vmap engine logs it)
+        reductions = {name: log_reduction(name, shown.get("reduce_fx", "mean")) for name, shown in display.items()}
         for owner, run in enumerate(runs):
             run.server.close_round()
             record = run.server.history[-1]

@@ -43,6 +43,16 @@ class LoggingClassifier(TinyClassifier):
         return loss
 
 
+class ReducingClassifier(LoggingClassifier):
+    """Also logs the loss's largest value and 1 per step, summed: reductions other than the mean."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss_max", loss, on_step=False, on_epoch=True, reduce_fx="max")
+        self.log("steps_taken", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        return loss
+
+
 class BatchNormClassifier(TinyClassifier):
     def __init__(self) -> None:
         super().__init__()
@@ -121,13 +131,17 @@ def job_three_clients() -> dict:
     return result(s)
 
 
+#: what ReducingClassifier logs
+REDUCED = ("train_loss", "loss_max", "steps_taken")
+
+
 def job_uneven_vmap_logging() -> dict:
     """vmap on each process with unequal client steps per process (3 on one, 2 on the other): the round's logged
-    mean must weight each process by its client steps."""
+    mean must weight each process by its client steps, and a max or a sum merge as such."""
     data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
-    s, trainer = fit(LoggingClassifier(), data, strategy=strategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2,
-                                                                 engine="vmap"))
-    return result(s, train_loss=float(trainer.callback_metrics["train_loss"]))
+    s, trainer = fit(ReducingClassifier(), data, strategy=strategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2,
+                                                                  engine="vmap"))
+    return result(s, **{name: float(trainer.callback_metrics[name]) for name in REDUCED})
 
 
 def job_single_client(engine: str) -> dict:

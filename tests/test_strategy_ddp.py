@@ -195,16 +195,19 @@ def test_three_clients_on_two_processes(ddp):
 
 def test_vmap_on_each_process_logs_the_round_mean_over_every_client_step(ddp):
     # processes with 3 and 2 client steps (clients with 3, 1 and 1 steps): the merged mean weights each process by
-    # its client steps, as one process averages the 5 values (slip: each process's mean counted once)
+    # its client steps, as one process averages the 5 values (slip: each process's mean counted once); a max and a
+    # sum merge as a max and a sum (slip: the reduction not passed on, so the processes' values are averaged)
     r0, r1 = ddp("uneven_vmap_logging")
     _same_on_both_ranks(r0, r1)
     data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
     strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2)
     torch.manual_seed(0)
     trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0)
-    trainer.fit(worker.LoggingClassifier(), datamodule=data)
+    trainer.fit(worker.ReducingClassifier(), datamodule=data)
     _assert_same_run(strategy, _as_run(r0))
-    assert r0["train_loss"] == r1["train_loss"] == pytest.approx(float(trainer.callback_metrics["train_loss"]), 1e-5)
+    for name in worker.REDUCED:
+        assert r0[name] == r1[name] == pytest.approx(float(trainer.callback_metrics[name]), 1e-5), name
+    assert r0["steps_taken"] == 5.0
 
 
 @pytest.mark.parametrize("engine", ["sequential", "vmap"])

@@ -690,16 +690,25 @@ def submit_groups(members: Sequence[tuple[Server, RoundPlan]], groups: Sequence[
 
 
 def run_lock_steps(
-    groups: Sequence[CohortGroup], batch: CohortRound, first_step: int, apply_config: Callable[[dict], None]
+    groups: Sequence[CohortGroup],
+    batch: CohortRound,
+    first_step: int,
+    apply_config: Callable[[dict], None],
+    display: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, list[tuple[Tensor, np.ndarray]]]:
     """Every local step of a round's groups. Returns what ``self.log`` recorded: for each name, one
-    ``(values, owners)`` pair per group and step, the values of the rows that took the step and their federations."""
+    ``(values, owners)`` pair per group and step, the values of the rows that took the step and their federations.
+
+    ``display``, when given, collects each logged name's ``prog_bar`` / ``logger`` / ``reduce_fx`` after every step
+    (a cohort keeps only its last step's, and a name may be logged at some steps only)."""
     logs: dict[str, list[tuple[Tensor, np.ndarray]]] = {}
     for k in range(len(batch)):
         step = first_step + k
         for group, group_batch in zip(groups, batch.lock_step(k)):
             apply_config(group.config)
             _, logged = group.cohort.step(group_batch, step)
+            if display is not None:
+                display.update(group.cohort.log_display)
             active = group.cohort.local_steps > step
             for name, values in logged.items():
                 logs.setdefault(name, []).append((values[active.to(values.device)], group.owners[active.numpy()]))
@@ -766,11 +775,9 @@ class VmapEngine(Engine):
         return None
 
     def training_step(self, default_step, batch: CohortRound, batch_idx: int) -> None:
-        logs = run_lock_steps(self.groups, batch, self.step, self.apply_config)
-        self.step += len(batch)
         display: dict[str, dict[str, Any]] = {}
-        for group in self.groups:
-            display.update(group.cohort.log_display)
+        logs = run_lock_steps(self.groups, batch, self.step, self.apply_config, display)
+        self.step += len(batch)
         for name, chunks in logs.items():  # every client's steps reduced as the step asked, shown where it asked
             values = torch.cat([values for values, _ in chunks])
             if not values.numel():

@@ -263,3 +263,40 @@ def test_vmap_reduces_each_logged_value_as_training_step_asked_like_the_sequenti
     steps = strategy.history[-1]["local_steps"]
     assert float(vmap.callback_metrics["steps_taken"]) == sum(steps.values()) >= 4  # one per client step
     assert vmap.callback_metrics["loss_max"] > vmap.callback_metrics["loss_mean"] > vmap.callback_metrics["loss_min"]
+
+
+class _FirstStepOnly(TinyClassifier):
+    """Logs 1 at each client's first local step only (under vmap, batch_idx is the local step), to the progress bar,
+    summed; and its loss at every step."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if batch_idx == 0:
+            self.log("started", 1.0, prog_bar=True, logger=False, on_step=False, on_epoch=True, reduce_fx="sum")
+        self.log("loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_a_name_logged_at_some_local_steps_only_keeps_where_it_is_shown_and_its_reduction():
+    # the cohort remembers only its last step's self.log arguments: a name logged at the first of two local steps
+    # must still be summed and shown on the progress bar (slip: the arguments read after the round's last step)
+    strategy = FedHetStrategy(local_steps=2, seed=0, engine="vmap")
+    trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
+    trainer.fit(_FirstStepOnly(), datamodule=equal_clients(4))
+    assert float(trainer.progress_bar_metrics["started"]) == len(strategy.history[-1]["local_steps"]) == 4
+    assert "started" not in trainer.logged_metrics
+
+
+class _MedianLogged(TinyClassifier):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss_median", loss, on_step=False, on_epoch=True, reduce_fx=torch.median)
+        return loss
+
+
+def test_a_reduction_the_vmap_engine_cannot_follow_is_refused_naming_the_call():
+    strategy = FedHetStrategy(local_steps=2, seed=0, engine="vmap")
+    trainer = quiet_trainer(strategy=strategy, max_epochs=1, limit_val_batches=0)
+    with pytest.raises(ValueError, match=r"^self\.log\('loss_median', reduce_fx=<built-in method median .*>\): use "
+                                         r"'mean', 'sum', 'max' or 'min'$"):
+        trainer.fit(_MedianLogged(), datamodule=equal_clients(4))
