@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet import FedHetStrategy
+from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.engines._compiled import VmapUnsupported
 from lightning_fedhet.engines.vmap import (
     StateLayout,
@@ -30,7 +30,7 @@ from lightning_fedhet.engines.vmap import (
     padded_size,
 )
 from lightning_fedhet.system import UniformSteps
-from tests.helpers import TinyClassifier, equal_clients, quiet_trainer
+from tests.helpers import TinyClassifier, equal_clients, quiet_trainer, toy_dataset
 
 
 def test_padded_size_buckets_by_hand():
@@ -300,3 +300,29 @@ def test_a_reduction_the_vmap_engine_cannot_follow_is_refused_naming_the_call():
     with pytest.raises(ValueError, match=r"^self\.log\('loss_median', reduce_fx=<built-in method median .*>\): use "
                                          r"'mean', 'sum', 'max' or 'min'$"):
         trainer.fit(_MedianLogged(), datamodule=equal_clients(4))
+
+
+class _ShapeBranch(TinyClassifier):
+    """From the second local step on, logs one name only in the cohort of 2-sample batches, then one in every
+    cohort (a branch on the batch's shape is a Python branch under vmap, fine)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if batch_idx >= 1 and batch[0].shape[0] == 2:
+            self.log("small_late", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        if batch_idx >= 1:
+            self.log("late", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        return loss
+
+
+def test_a_name_no_client_took_a_step_for_is_skipped_and_the_next_names_are_logged():
+    # two cohorts by batch size: client 0 (16 samples, batches of 4, two steps) and client 1 (2 samples, one step).
+    # At the second lock-step the small cohort (first: cohorts go by batch size) runs with its only client finished,
+    # so "small_late" gets no value and is not logged; "late", logged after it, still is (slip: `continue` ->
+    # `break`)
+    data = FederatedDataModule(toy_dataset(18), [np.arange(16), np.arange(16, 18)], batch_size=4)
+    strategy = FedHetStrategy(local_steps=[2, 1], seed=0, engine="vmap")
+    trainer = quiet_trainer(strategy=strategy, max_epochs=1, limit_val_batches=0)
+    trainer.fit(_ShapeBranch(), datamodule=data)
+    assert "small_late" not in trainer.callback_metrics
+    assert float(trainer.callback_metrics["late"]) == 1.0  # client 0's second step
