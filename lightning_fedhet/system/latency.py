@@ -49,7 +49,8 @@ class ShiftedExponential:
         shift: ``beta >= 0`` of a speed-1 client, per step unit.
         mean: mean ``> 0`` of the exponential part of a speed-1 client, per step unit (paper: ``2 beta``).
         speed_factors: multiplicative factor per group, each ``> 0`` (FedAST: ``(1.3, 1.0, 0.7)``).
-        group_fractions: fraction of clients per group, ``>= 0``, summing to 1 (FedAST: ``(0.25, 0.5, 0.25)``).
+        group_fractions: fraction of clients per group, ``>= 0``, summing to 1 within ``1e-9`` (FedAST:
+            ``(0.25, 0.5, 0.25)``).
         steps: ``"scale"`` or ``"sum"`` (how ``local_steps`` enters).
     """
 
@@ -67,8 +68,8 @@ class ShiftedExponential:
         if factors.shape != fractions.shape:
             raise ValueError(f"speed_factors and group_fractions must have the same length, got {factors.shape[0]} "
                              f"and {fractions.shape[0]}")
-        if not np.isclose(fractions.sum(), 1.0, atol=1e-9):
-            raise ValueError(f"group_fractions must sum to 1, got {fractions.sum():g}")
+        if abs(float(fractions.sum()) - 1.0) > 1e-9:
+            raise ValueError(f"group_fractions must sum to 1 (within 1e-9), got {float(fractions.sum()):.12g}")
         check_choice(steps, "steps", ("scale", "sum"))
         self.speed_factors = factors
         self.group_fractions = fractions

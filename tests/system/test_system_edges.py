@@ -391,3 +391,14 @@ def test_a_refused_setup_leaves_the_models_as_they_were():
         unset.setup(4, seed=-1)
     with pytest.raises(RuntimeError, match=r"^ShiftedExponential.setup\(num_clients, seed\) must be called first$"):
         unset.sample(0, [True] * 4)
+
+
+def test_group_fractions_must_sum_to_one_within_1e9():
+    # the documented tolerance, at its edge (slip: numpy's isclose, whose default rtol of 1e-5 widened it 10,000x)
+    ShiftedExponential(speed_factors=(1.0, 2.0), group_fractions=(0.5, 0.5 + 5e-10))
+    ShiftedExponential(speed_factors=(1.0, 2.0, 3.0), group_fractions=(0.1, 0.2, 0.7))  # 0.9999999999999999
+    with pytest.raises(ValueError) as err:
+        ShiftedExponential(speed_factors=(1.0, 2.0), group_fractions=(0.5, 0.5 + 2e-9))
+    assert str(err.value) == "group_fractions must sum to 1 (within 1e-9), got 1.000000002"
+    with pytest.raises(ValueError, match=r"^group_fractions must sum to 1 \(within 1e-9\), got 0\.99999$"):
+        ShiftedExponential(speed_factors=(1.0, 2.0), group_fractions=(0.5, 0.49999))
