@@ -78,6 +78,10 @@ def six_clients(batch_size: int = 4) -> FederatedDataModule:
     return equal_clients(6, per_client=16, batch_size=batch_size)
 
 
+def three_clients() -> FederatedDataModule:
+    return equal_clients(3, per_client=16, batch_size=4)
+
+
 def fit(model, data, rounds: int = ROUNDS, ckpt_path=None, **kwargs):
     torch.manual_seed(0)
     s = kwargs.pop("strategy")
@@ -126,7 +130,7 @@ def job_ckpt_resume(out: Path) -> dict:
 
 
 def job_three_clients() -> dict:
-    data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
+    data = three_clients()
     s, _ = fit(TinyClassifier(), data, strategy=strategy(algorithm=FedAvg(), local_steps=[1, 2, 3], seed=2))
     return result(s)
 
@@ -138,7 +142,7 @@ REDUCED = ("train_loss", "loss_max", "steps_taken")
 def job_uneven_vmap_logging() -> dict:
     """vmap on each process with unequal client steps per process (3 on one, 2 on the other): the round's logged
     mean must weight each process by its client steps, and a max or a sum merge as such."""
-    data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
+    data = three_clients()
     s, trainer = fit(ReducingClassifier(), data, strategy=strategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2,
                                                                   engine="vmap"))
     return result(s, **{name: float(trainer.callback_metrics[name]) for name in REDUCED})

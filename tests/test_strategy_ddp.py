@@ -185,7 +185,7 @@ def test_checkpoint_one_process_resumed_with_two(ddp):
 def test_three_clients_on_two_processes(ddp):
     r0, r1 = ddp("three_clients")
     _same_on_both_ranks(r0, r1)
-    data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
+    data = worker.three_clients()
     strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 2, 3], seed=2)
     torch.manual_seed(0)
     quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(TinyClassifier(), datamodule=data)
@@ -199,7 +199,7 @@ def test_vmap_on_each_process_logs_the_round_mean_over_every_client_step(ddp):
     # sum merge as a max and a sum (slip: the reduction not passed on, so the processes' values are averaged)
     r0, r1 = ddp("uneven_vmap_logging")
     _same_on_both_ranks(r0, r1)
-    data = FederatedDataModule(toy_dataset(48), [np.arange(i * 16, (i + 1) * 16) for i in range(3)], batch_size=4)
+    data = worker.three_clients()
     strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2)
     torch.manual_seed(0)
     trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0)

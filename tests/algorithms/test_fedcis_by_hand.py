@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet.algorithms.base import ClientInfo
 from lightning_fedhet.algorithms.fedcis import (
     FedCIS,
     code_sampling_matrix,
@@ -21,10 +20,17 @@ from lightning_fedhet.algorithms.fedcis import (
     sampling_matrix,
 )
 from lightning_fedhet.cis import CISTopology
-from tests.algorithms.test_fedcis import D_LEAF1, D_LEAF2, D_ROOT_EXIT2, TOY_MASKS, FixedUniforms, three_node_topology
+from tests.algorithms.test_fedcis import (
+    D_LEAF1,
+    D_LEAF2,
+    D_ROOT_EXIT2,
+    INFO,
+    TOY_MASKS,
+    FixedUniforms,
+    three_node_topology,
+)
 from tests.helpers import error_text
 
-INFO = ClientInfo(num_samples=1, local_steps=1)
 F64 = dict(dtype=torch.float64)
 ALL3 = torch.ones(3, dtype=torch.bool)
 

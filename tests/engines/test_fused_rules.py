@@ -8,7 +8,6 @@ compiles (so mutation runs can run these tests, see docs/testing.md).
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 
@@ -20,7 +19,15 @@ from torch import nn
 
 from lightning_fedhet.engines import _compiled
 from lightning_fedhet.engines._compiled import SCALARS, UpdateRule, step_scalars, update_rules
-from tests.engines.test_vmap_compile import STEPS, Wrapped, batches, logistic, per_client_reference, run_cohort
+from tests.engines.test_vmap_compile import (
+    STEPS,
+    Wrapped,
+    batches,
+    logistic,
+    per_client_reference,
+    per_client_state,
+    run_cohort,
+)
 
 pytestmark = pytest.mark.without_compiler
 
@@ -163,18 +170,8 @@ def test_batchnorm_statistics_follow_each_clients_own_steps(identity_compile):
     make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
     data = batches((6,))
     cohort = fused_cohort(Wrapped(normed_net()), make, data)
-    finals = []
-    for i, k_i in enumerate(STEPS):
-        local = copy.deepcopy(normed_net())
-        opt = make(local)
-        for k in range(k_i):
-            opt.zero_grad()
-            F.cross_entropy(local(data[k][0][i]), data[k][1][i]).backward()
-            opt.step()
-        bn = local[1]
-        finals.append(torch.cat([*(p.detach().reshape(-1) for p in local.parameters()), bn.running_mean,
-                                 bn.running_var]))
-    torch.testing.assert_close(cohort.flat_state(), torch.stack(finals), atol=1e-5, rtol=0)
+    expected, _ = per_client_state(normed_net(), make, data, STEPS)
+    torch.testing.assert_close(cohort.flat_state(), expected, atol=1e-5, rtol=0)
     assert cohort.int_state().flatten().tolist() == STEPS.tolist()  # num_batches_tracked: one per step taken
 
 

@@ -90,6 +90,24 @@ def per_client_reference(net: nn.Module, make_optimizer, data: list[tuple], step
     return torch.stack(finals), torch.tensor(mean_losses, dtype=torch.float32)
 
 
+def per_client_state(net: nn.Module, make_optimizer, data: list[tuple], steps: np.ndarray):
+    """Each client alone, for a ``Sequential`` whose second layer is BatchNorm: its parameters then BatchNorm's
+    running mean and variance ``[C, d]``, and its ``num_batches_tracked`` ``[C]``."""
+    finals, tracked = [], []
+    for i, k_i in enumerate(steps):
+        local = copy.deepcopy(net)
+        opt = make_optimizer(local)
+        for k in range(k_i):
+            opt.zero_grad()
+            F.cross_entropy(local(data[k][0][i]), data[k][1][i]).backward()
+            opt.step()
+        bn = local[1]
+        finals.append(torch.cat([*(p.detach().reshape(-1) for p in local.parameters()), bn.running_mean,
+                                 bn.running_var]))
+        tracked.append(int(bn.num_batches_tracked))
+    return torch.stack(finals), tracked
+
+
 def run_cohort(module: Wrapped, make_optimizer, data: list[tuple], steps: np.ndarray, compile):
     cohort = VmapCohort(module, make_optimizer(module.net), range(len(steps)), steps, compile=compile)
     logged = []

@@ -11,7 +11,6 @@ compile nothing (mutation runs can run them, see docs/testing.md).
 
 from __future__ import annotations
 
-import copy
 import re
 import types
 import warnings
@@ -19,12 +18,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lightning_fedhet.engines import _compiled
 from lightning_fedhet.engines.vmap import VmapCohort, VmapUnsupported, _warn_compile_failed, check_vmap_support
-from tests.engines.test_vmap_compile import STEPS, Wrapped, batches, logistic, run_cohort
+from tests.engines.test_vmap_compile import STEPS, Wrapped, batches, logistic, per_client_state, run_cohort
 from tests.helpers import error_text
 
 pytestmark = pytest.mark.without_compiler
@@ -42,24 +40,6 @@ def normed_net(frozen_first: bool = False, seed: int = 0) -> nn.Module:
     net = nn.Sequential(nn.Linear(6, 4, bias=False), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 3))
     net[0].weight.requires_grad_(not frozen_first)
     return net
-
-
-def per_client_state(net: nn.Module, make_optimizer, data: list[tuple], steps: np.ndarray):
-    """Each client alone: its parameters then BatchNorm's running mean and variance ``[C, d]``, and its
-    ``num_batches_tracked`` ``[C]``."""
-    finals, tracked = [], []
-    for i, k_i in enumerate(steps):
-        local = copy.deepcopy(net)
-        opt = make_optimizer(local)
-        for k in range(k_i):
-            opt.zero_grad()
-            F.cross_entropy(local(data[k][0][i]), data[k][1][i]).backward()
-            opt.step()
-        bn = local[1]
-        finals.append(torch.cat([*(p.detach().reshape(-1) for p in local.parameters()), bn.running_mean,
-                                 bn.running_var]))
-        tracked.append(int(bn.num_batches_tracked))
-    return torch.stack(finals), tracked
 
 
 def fails_on_call(number: int):
