@@ -187,7 +187,7 @@ def fit_seeds(
         if groups:
             steps = max(int(plan.local_steps.max()) for _, plan in members if plan.trained_ids)
             lock_step = lock_step_batches(members, groups, to_device)
-            logs = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure, display)
+            logs, display = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure)
             submit_groups(members, groups)
         losses = _train_losses(groups, len(runs))
         # per logged name, the reduction training_step asked for (as the vmap engine logs it)

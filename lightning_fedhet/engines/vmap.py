@@ -694,25 +694,23 @@ def run_lock_steps(
     batch: CohortRound,
     first_step: int,
     apply_config: Callable[[dict], None],
-    display: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, list[tuple[Tensor, np.ndarray]]]:
+) -> tuple[dict[str, list[tuple[Tensor, np.ndarray]]], dict[str, dict[str, Any]]]:
     """Every local step of a round's groups. Returns what ``self.log`` recorded: for each name, one
-    ``(values, owners)`` pair per group and step, the values of the rows that took the step and their federations.
-
-    ``display``, when given, collects each logged name's ``prog_bar`` / ``logger`` / ``reduce_fx`` after every step
-    (a cohort keeps only its last step's, and a name may be logged at some steps only)."""
+    ``(values, owners)`` pair per group and step, the values of the rows that took the step and their federations;
+    and each logged name's ``prog_bar`` / ``logger`` / ``reduce_fx``, collected after every step (a cohort keeps only
+    its last step's, and a name may be logged at some steps only)."""
     logs: dict[str, list[tuple[Tensor, np.ndarray]]] = {}
+    display: dict[str, dict[str, Any]] = {}
     for k in range(len(batch)):
         step = first_step + k
         for group, group_batch in zip(groups, batch.lock_step(k)):
             apply_config(group.config)
             _, logged = group.cohort.step(group_batch, step)
-            if display is not None:
-                display.update(group.cohort.log_display)
+            display.update(group.cohort.log_display)
             active = group.cohort.local_steps > step
             for name, values in logged.items():
                 logs.setdefault(name, []).append((values[active.to(values.device)], group.owners[active.numpy()]))
-    return logs
+    return logs, display
 
 
 class VmapEngine(Engine):
@@ -775,8 +773,7 @@ class VmapEngine(Engine):
         return None
 
     def training_step(self, default_step, batch: CohortRound, batch_idx: int) -> None:
-        display: dict[str, dict[str, Any]] = {}
-        logs = run_lock_steps(self.groups, batch, self.step, self.apply_config, display)
+        logs, display = run_lock_steps(self.groups, batch, self.step, self.apply_config)
         self.step += len(batch)
         for name, chunks in logs.items():  # every client's steps reduced as the step asked, shown where it asked
             values = torch.cat([values for values, _ in chunks])
