@@ -25,6 +25,7 @@ from lightning_fedhet.multiseed import fit_seeds
 from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel, UniformSteps
 from tests.engines.test_contract import CASES, _settings
+from tests.engines.test_vmap_pieces import LogsEachReduction
 from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 ROUNDS = 4
@@ -239,23 +240,13 @@ def test_compiled_stacked_seeds_equal_their_single_runs():
         _assert_equal_runs(_single(_tiny_build("FedAvg-known_p", batchnorm=True), run.seed), run)
 
 
-class _CountsSteps(TinyClassifier):
-    """Logs 1 per local step, summed over the round, and the loss's largest value."""
-
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        self.log("steps_taken", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
-        self.log("loss_max", loss, on_step=False, on_epoch=True, reduce_fx=torch.max)
-        return loss
-
-
 def test_each_seeds_logged_values_are_reduced_as_training_step_asked():
     # a sum counts that seed's client steps of the round, a max is at least the seed's mean training loss
     def build(seed: int):
         parts = [np.arange(i * 16, (i + 1) * 16) for i in range(6)]
         dm = FederatedDataModule(_DATA, parts, batch_size=4)
-        return _CountsSteps(), dm, FedHetStrategy(participation=Bernoulli(0.6), local_steps=UniformSteps(1, 3),
-                                                   seed=seed)
+        strategy = FedHetStrategy(participation=Bernoulli(0.6), local_steps=UniformSteps(1, 3), seed=seed)
+        return LogsEachReduction(), dm, strategy
 
     runs = fit_seeds(build, [3, 4], 3)
     for run in runs:

@@ -235,7 +235,7 @@ def test_vmap_setup_refusals_name_their_cause_whole():
         sends_client_config=False)))  # weight decay is fine when every client trains the whole model
 
 
-class _Reduced(TinyClassifier):
+class LogsEachReduction(TinyClassifier):
     """Logs per step with each reduction ``self.log`` offers, by name, as a function, and by position."""
 
     def training_step(self, batch, batch_idx):
@@ -253,7 +253,7 @@ def test_vmap_reduces_each_logged_value_as_training_step_asked_like_the_sequenti
     def fit(engine: str):
         strategy = FedHetStrategy(local_steps=UniformSteps(1, 3), seed=0, engine=engine)
         trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
-        trainer.fit(_Reduced(), datamodule=equal_clients(4))
+        trainer.fit(LogsEachReduction(), datamodule=equal_clients(4))
         return trainer, strategy
 
     (vmap, strategy), (sequential, _) = fit("vmap"), fit("sequential")
