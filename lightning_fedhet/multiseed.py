@@ -259,6 +259,12 @@ def _build_seed(build: Build, seed: int, device: torch.device) -> tuple[SeedRun,
     server, flat = strategy.build_server(module, dataloader, datamodule)
     optimizer, scheduler_configs = _optimizer(module, seed)
     strategy.algorithm.check_client_solver(optimizer, strategy.optimizer_state_mode)
+    if strategy.algorithm.scales_client_lr:
+        # each seed's rule picks its own learning rate every round, but the stacked seeds step one optimizer
+        raise VmapUnsupported(
+            f"seed {seed}'s {strategy.algorithm!r} scales the clients' learning rate every round (calibrate='client'), "
+            "which differs between seeds and cannot be stacked: fit the seeds one at a time with Trainer.fit"
+        )
     check_vmap_setup(module, [optimizer], server)
     return SeedRun(seed, module, strategy, server, flat), optimizer, scheduler_configs
 

@@ -23,16 +23,35 @@ from lightning_fedhet._checks import (
 )
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
+from lightning_fedhet.algorithms.calibration import lr_scalings
 from lightning_fedhet.algorithms.fednova import accumulation_norm, check_local_solver, check_optimizer_matches
 
 UNAVAILABLE = ("renormalize", "drop")
 ESTIMATORS = (None, "ema")
+#: where App. I.2's step calibration acts: ``"client"`` (the paper: every client's learning rate ``eta``) or
+#: ``"server"`` (the server step; first-order equivalent only while ``eta * ||a||_1`` is small, see ``calibrate``)
+CALIBRATION_TARGETS = ("client", "server")
 MAX_DRAWS = 10**9
 _F64 = torch.float64
 
 
 def _clone(x):
     return None if x is None else x.clone()
+
+
+def _check_calibrate(calibrate, method: str | None) -> bool | str:
+    """``calibrate`` as ``False``, ``"client"`` or ``"server"`` (``True`` means ``"client"``, the paper's reading)."""
+    if calibrate is False or calibrate is None:
+        return False
+    if calibrate is True:
+        calibrate = "client"
+    if calibrate not in CALIBRATION_TARGETS:
+        raise ValueError(
+            f"calibrate must be False, True (= 'client') or one of {CALIBRATION_TARGETS}, got {calibrate!r}"
+        )
+    if method is None:
+        raise ValueError("calibrate: this rule has no step calibration (App. I.2 covers FedACS and c-a-FedAvg)")
+    return calibrate
 
 
 # ---------------------------------------------------------------------------------------------- EMA estimator
@@ -114,6 +133,9 @@ class WithReplacementSampler(Algorithm):
     selects_clients = True
     shares_rounds = True
     uses_system = False  # whether the sampling probabilities need this round's oracle values (FedACS: True)
+    #: the row of :func:`~lightning_fedhet.algorithms.calibration.lr_scalings` whose multiplier ``calibrate`` applies
+    #: (``None``: the rule has no calibration)
+    calibration_method: str | None = None
 
     def __init__(
         self,
@@ -126,6 +148,8 @@ class WithReplacementSampler(Algorithm):
         prox_mu: float = 0.0,
         local_lr: float | None = None,
         min_success: float = 1e-6,
+        calibrate: bool | str = False,
+        calibration_cap: float | None = None,
     ) -> None:
         super().__init__()
         # bounded: numpy's multinomial draws take a C long, and a billion draws per round is beyond any run
@@ -153,11 +177,23 @@ class WithReplacementSampler(Algorithm):
         self._factors: Tensor | None = None
         self._step_scale = 1.0
         self._norm_cache: dict[int, float] = {}
+        self.calibrate = _check_calibrate(calibrate, self.calibration_method)
+        self.calibration_cap = None if calibration_cap is None else check_real(
+            calibration_cap, "calibration_cap", 0.0, math.inf, low_open=True)
+        #: App. I.2's multiplier of the open (or last) round, after the cap; 1.0 without calibration
+        self.last_calibration = 1.0
+        #: the largest weight applied to one update in the last closed round (server step included)
+        self.last_max_weight = 0.0
+        self._warned_weight = False
 
     def hparams(self) -> dict:
         out = {"K": self.K, "unavailable": self.unavailable, "server_lr": self.server_lr}
         if self.estimator_name is not None:
             out.update(estimator=self.estimator_name, ema=self.ema)
+        if self.calibrate:
+            out["calibrate"] = self.calibrate
+            if self.calibration_cap is not None:
+                out["calibration_cap"] = self.calibration_cap
         return out
 
     def setup(
@@ -267,8 +303,26 @@ class WithReplacementSampler(Algorithm):
         """Per-client factor ``f_m`` of this round (float64 ``[N]``)."""
         return torch.ones(self.num_clients, dtype=_F64)
 
+    @property
+    def scales_client_lr(self) -> bool:
+        return self.calibrate == "client"
+
+    def _calibration(self, system: dict[str, Tensor]) -> float:
+        """App. I.2's multiplier for this round's ``s`` and ``||a||_1`` (capped at ``calibration_cap``); 1.0 when
+        ``calibrate`` is off."""
+        if not self.calibrate:
+            return 1.0
+        omega = self._calibration_weights()
+        factor = lr_scalings(omega, system["success"], system["norms"])[self.calibration_method].client
+        return factor if self.calibration_cap is None else min(factor, self.calibration_cap)
+
+    def _calibration_weights(self) -> Tensor:
+        """The target weights ``omega`` App. I.2 anchors at (FedACS: its ``omega``)."""
+        return self.client_weights
+
     def _round_step_scale(self, system: dict[str, Tensor]) -> float:
-        return 1.0
+        """The server-step multiplier of this round (``calibrate="server"``: the calibration; else 1)."""
+        return self.last_calibration if self.calibrate == "server" else 1.0
 
     # ------------------------------------------------------------------ protocol
     def select(self, round: int, available: Tensor, rng: np.random.Generator) -> Tensor:
@@ -317,6 +371,9 @@ class WithReplacementSampler(Algorithm):
                     norms[told] = self.norms_from_steps(steps[told])
                     self._known["norms"] = norms
         self._factors = self._round_factors(self.last_probabilities, self.last_system, ctx)
+        self.last_calibration = self._calibration(self.last_system)
+        # the paper's reading: eta itself, i.e. the local step of every client of this round (the engines apply it)
+        self.client_lr_scale = self.last_calibration if self.calibrate == "client" else 1.0
         self._step_scale = self._round_step_scale(self.last_system)
         self._acc = WeightedSum(self.params)
 
@@ -342,6 +399,7 @@ class WithReplacementSampler(Algorithm):
         if len(acc):
             self.params = self.params + (self.server_lr * self._step_scale) * acc.total
         self.last_weights = acc.scaled_weights(self._step_scale)
+        self._check_extrapolation()
         if self.estimator is not None:
             arrived = torch.zeros(self.num_clients, dtype=torch.bool)
             if len(acc):
@@ -363,6 +421,28 @@ class WithReplacementSampler(Algorithm):
         self._acc = None
         return self.params
 
+    def _check_extrapolation(self) -> None:
+        """Record the largest applied weight and warn (once) when a server-step multiplier above 1 pushed it past 1:
+        the server then moves beyond that client's own model, which an average never does (the FedACS study's
+        collapse under server-step calibration, where c = 2.4-10.5 put weights up to 4 on single updates).
+        c-a-FedAvg's ``1/s_m`` alone may exceed 1 by design (an unbiased estimate) and does not warn."""
+        weights = {c: self.server_lr * w for c, w in self.last_weights.items()}
+        self.last_max_weight = max(weights.values(), default=0.0)
+        amplified = self.server_lr * self._step_scale > 1.0
+        if amplified and self.last_max_weight > 1.0 and not self._warned_weight:
+            client = max(weights, key=weights.get)
+            if self.calibrate == "server":
+                cause = f"calibrate='server' multiplied the step by {self.last_calibration:.3g}"
+            else:
+                cause = f"server_lr={self.server_lr:g}, step multiplier {self._step_scale:.3g}"
+            warnings.warn(
+                f"{type(self).__name__}: round {self._counts_round} applied weight {self.last_max_weight:.3g} > 1 to "
+                f"client {client}'s update ({cause}): the server extrapolates past that client's model; with "
+                "calibration, prefer calibrate='client' (the paper's eta) or a calibration_cap",
+                stacklevel=3,
+            )
+            self._warned_weight = True
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -376,6 +456,7 @@ class WithReplacementSampler(Algorithm):
             "warned": self._warned,
             "estimator": None if self.estimator is None else self.estimator.state_dict(),
             "extra": self._extra_state(),
+            "calibration": self.last_calibration,
         }
         return state
 
@@ -389,6 +470,7 @@ class WithReplacementSampler(Algorithm):
         self._known = {k: _clone(v) for k, v in s["known"].items()}
         self._observed_round = s["observed_round"]
         self._warned = bool(s["warned"])
+        self.last_calibration = float(s.get("calibration", 1.0))  # older checkpoints: no calibration recorded
         if (self.estimator is None) != (s["estimator"] is None):
             raise ValueError(f"state was saved with estimator={'ema' if s['estimator'] else None!r} "
                              f"but this rule has estimator={self.estimator_name!r}")

@@ -191,6 +191,10 @@ class Algorithm:
         # (FedCIS's |D_{e,p}|) read it. None when unknown.
         self.client_sizes: Tensor | None = None
         self._warned_never_aggregated: set[tuple[int, ...]] = set()
+        #: multiplier of every client's learning rate in the open round (1.0 for every rule but FedACS and
+        #: c-a-FedAvg with ``calibrate="client"``, App. I.2); set by :meth:`open_round`, applied by the engines to
+        #: the optimizer's ``lr`` for that round only
+        self.client_lr_scale: float = 1.0
 
     # ------------------------------------------------------------------ lifecycle
     def setup(
@@ -319,6 +323,12 @@ class Algorithm:
         ``{"train_exit": e}``).
         """
         return {}
+
+    @property
+    def scales_client_lr(self) -> bool:
+        """Whether :attr:`client_lr_scale` can differ from 1 (the rule scales the clients' learning rate per round);
+        runtimes that cannot send a per-round learning rate refuse such a rule at setup."""
+        return False
 
     @property
     def memory_bytes(self) -> int:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lightning_fedhet._checks import check_bool
 from lightning_fedhet.algorithms._sampler import WithReplacementSampler
 from lightning_fedhet.algorithms.base import RoundContext
-from lightning_fedhet.algorithms.calibration import lr_scalings
 
 
 class CAFedAvg(WithReplacementSampler):
@@ -23,18 +21,22 @@ class CAFedAvg(WithReplacementSampler):
     Args:
         K: draws per round (integer ``>= 1``).
         unavailable: ``"renormalize"`` or ``"drop"``.
-        calibrate: multiply the server step by App. I.2's ``sum omega s a / sum omega a`` each round (needs ``||a||``
-            from :meth:`observe_system` or the context).
+        calibrate: App. I.2's multiplier ``sum omega s a / sum omega a <= 1`` each round (needs ``||a||`` from
+            :meth:`observe_system` or the context): ``True``/``"client"`` scales the clients' learning rate (the
+            paper's ``eta``), ``"server"`` the server step (first-order equivalent while ``eta ||a||_1`` is small).
         momentum, prox_mu, local_lr: local solver (for ``||a||_1`` in the calibration only).
         estimator, ema: as in :class:`FedACS`.
         server_lr: ``> 0``.
+        calibration_cap: upper bound on the calibration multiplier (``None``: uncapped).
     """
+
+    calibration_method = "cafedavg"
 
     def __init__(
         self,
         K: int,
         unavailable: str = "renormalize",
-        calibrate: bool = False,
+        calibrate: bool | str = False,
         momentum: float = 0.0,
         prox_mu: float = 0.0,
         local_lr: float | None = None,
@@ -42,15 +44,10 @@ class CAFedAvg(WithReplacementSampler):
         ema: float = 0.1,
         server_lr: float = 1.0,
         min_success: float = 1e-6,
+        calibration_cap: float | None = None,
     ) -> None:
-        super().__init__(K, unavailable, server_lr, estimator, ema, momentum, prox_mu, local_lr, min_success)
-        self.calibrate = check_bool(calibrate, "calibrate")
-
-    def hparams(self) -> dict:
-        out = super().hparams()
-        if self.calibrate:
-            out["calibrate"] = True
-        return out
+        super().__init__(K, unavailable, server_lr, estimator, ema, momentum, prox_mu, local_lr, min_success,
+                         calibrate, calibration_cap)
 
     def _uses_norms(self) -> bool:
         return self.calibrate  # ||a||_1 enters only App. I.2's step multiplier
@@ -66,7 +63,3 @@ class CAFedAvg(WithReplacementSampler):
                 s = (s * self._known["participation"]).clamp(min=self.min_success)
         return 1.0 / s
 
-    def _round_step_scale(self, system: dict[str, Tensor]) -> float:
-        if not self.calibrate:
-            return 1.0
-        return lr_scalings(self.client_weights, system["success"], system["norms"], target="server")["cafedavg"].server

@@ -72,6 +72,8 @@ class Engine:
         #: the part of the open round's plan this engine executes (the whole plan in one process)
         self.plan: RoundPlan | None = None
         self._held_local: Tensor | None = None
+        # (scale, [[lr of each param group] of each optimizer] before scaling) while a round runs with a scaled lr
+        self._lr_scaled: tuple[float, list[list[float]]] | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(
@@ -105,6 +107,7 @@ class Engine:
             self.finish_partial_round()
         plan = self.plan = server.begin_round(server.next_round, probe=self.probe_losses)
         self.step = 0
+        self.scale_client_lr()
         self._begin(plan)
         if plan.num_steps == 0:
             self.close_round()
@@ -129,6 +132,7 @@ class Engine:
 
     def close_round(self, complete: bool = True) -> None:
         """Close the server's round and load the new global model (integer buffers included) into the module."""
+        self.restore_client_lr()
         self.flat.set(self.server.close_round(complete))
         if self.server.global_ints.numel():
             self.flat.set_ints(self.server.global_ints)
@@ -139,6 +143,32 @@ class Engine:
         if self.server is not None and self.server.round_open:
             self._held_local = None
             self.close_round(complete=False)
+
+    # ------------------------------------------------------------------ the rule's learning-rate multiplier
+    def scale_client_lr(self) -> None:
+        """Multiply every optimizer's ``lr`` by the rule's ``client_lr_scale`` for the round just opened (FedACS's
+        ``calibrate="client"``: the paper's ``eta`` of this round); :meth:`restore_client_lr` undoes it. The scale
+        is the same for every client of a round, so every engine applies it at the round's start (the cohort
+        engines read ``lr`` there)."""
+        scale = float(self.server.algorithm.client_lr_scale)
+        if scale == 1.0:
+            return
+        before = [[float(group["lr"]) for group in optimizer.param_groups] for optimizer in self.optimizers]
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * scale
+        self._lr_scaled = (scale, before)
+
+    def restore_client_lr(self) -> None:
+        """Give every ``lr`` back its value before :meth:`scale_client_lr` (exactly, unless a scheduler changed it
+        inside the round: then the scheduler's value divided by the scale)."""
+        if self._lr_scaled is None:
+            return
+        scale, before = self._lr_scaled
+        for optimizer, lrs in zip(self.optimizers, before):
+            for group, lr in zip(optimizer.param_groups, lrs):
+                group["lr"] = lr if group["lr"] == lr * scale else group["lr"] / scale
+        self._lr_scaled = None
 
     # ------------------------------------------------------------------ the global model for inspection
     def hold_global(self) -> None:

@@ -171,6 +171,7 @@ class ShardedEngine(Engine):
         self._own_steps, self._round_steps = counts[self.comm.rank], max(counts)
         self.padding = False
         self.logs.clear()
+        self.scale_client_lr()
         self._begin(self.plan)
         if self._round_steps == 0:
             self._merge_and_close(complete=True)
@@ -214,6 +215,7 @@ class ShardedEngine(Engine):
         """After an exception (other processes may not reach a collective): put the global model back, no merge."""
         if self.server is not None and self.server.round_open:
             self._held_local = None
+            self.restore_client_lr()
             self.flat.set(self.server.global_vector)
 
     def _merge_and_close(self, complete: bool) -> None:

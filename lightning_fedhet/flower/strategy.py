@@ -136,6 +136,11 @@ class FedHetFlowerStrategy(Strategy):
             )
         self.module = module
         self.algorithm = algorithm if algorithm is not None else FedAvg()
+        if self.algorithm.scales_client_lr:
+            raise ValueError(
+                f"algorithm={self.algorithm!r} scales the clients' learning rate every round (calibrate='client'), "
+                "which the Flower bridge does not send to the nodes yet: use calibrate='server' or calibrate=False"
+            )
         self.num_clients = int(num_clients)
         self.participation = participation
         self.local_steps = local_steps

@@ -233,11 +233,11 @@ def test_fedacs_aggregation_divides_by_K_and_weights_duplicates():
     assert algo.last_weights == {m: counts[m] / 5 for m in drawn if m != lost}
 
 
-def test_fedacs_calibrate_by_hand():
+def test_fedacs_calibrate_server_by_hand():
     one = torch.zeros(1, dtype=F64)
-    # FedACS(calibrate=True): omega = [0.5, 0.5], s = [1, 0.5], T = [1, 4]:
+    # FedACS(calibrate="server"): omega = [0.5, 0.5], s = [1, 0.5], T = [1, 4]:
     # factor = [0.5*1*1 + 0.5*0.5*4] * [0.5/(1*1) + 0.5/(0.5*4)] = 1.5 * 0.75 = 1.125 on the server step
-    cal = FedACS(K=4, calibrate=True)
+    cal = FedACS(K=4, calibrate="server")
     cal.setup(2, one)
     cal.observe_system(0, success_probs=[1.0, 0.5], local_steps=[1, 4])
     counts = cal.select(0, torch.ones(2, dtype=torch.bool), np.random.default_rng(1)).tolist()

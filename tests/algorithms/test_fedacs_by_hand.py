@@ -338,8 +338,12 @@ def test_the_shared_samplers_defaults_and_the_bound_on_draws():
     (lambda: FedACS(K=1, min_success=1.5), "min_success must lie in (0, 1], got 1.5"),
     (lambda: FedACS(K=1, ema=0.0), "ema (the estimator's rate) must lie in (0, 1], got 0.0"),
     (lambda: FedACS(K=1, ema=1.5), "ema (the estimator's rate) must lie in (0, 1], got 1.5"),
-    (lambda: FedACS(K=1, calibrate=1), "calibrate must be True or False, got 1"),
-    (lambda: CAFedAvg(K=1, calibrate=1), "calibrate must be True or False, got 1"),
+    (lambda: FedACS(K=1, calibrate=1),
+     "calibrate must be False, True (= 'client') or one of ('client', 'server'), got 1"),
+    (lambda: FedACS(K=1, calibrate=True, calibration_cap=0.0), "calibration_cap must lie in (0, inf], got 0.0"),
+    (lambda: CAFedAvg(K=1, calibrate=1),
+     "calibrate must be False, True (= 'client') or one of ('client', 'server'), got 1"),
+    (lambda: CAFedAvg(K=1, calibrate=True, calibration_cap=0.0), "calibration_cap must lie in (0, inf], got 0.0"),
     (lambda: OS(K=1, mix=1.0), "mix must lie in [0, 1), got 1.0"),
 ])
 def test_constructors_refuse_bad_options_naming_them(build, message):
@@ -406,7 +410,7 @@ def test_cafedavg_calibration_scales_the_server_step():
     # omega = [1/2, 1/2], s = [1, 0.5], ||a||_1 = T = [1, 3]. App. I.2: sum omega s a / sum omega a
     # = (0.5 + 0.75) / (0.5 + 1.5) = 0.625. Every drawn client sends delta = 1, divided by s:
     # w = 0.625 * (c_0 * 1 / 1 + c_1 * 1 / 0.5) / K. Catches the multiplier put on the client step (server 1).
-    algo = ready(CAFedAvg(K=4, calibrate=True))
+    algo = ready(CAFedAvg(K=4, calibrate="server"))
     algo.observe_system(0, success_probs=[1.0, 0.5], local_steps=[1, 3])
     c = algo.select(0, EVERYONE2, rng(3)).tolist()
     algo.open_round(0, None)

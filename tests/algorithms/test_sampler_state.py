@@ -71,10 +71,10 @@ def test_hparams_report_the_constructor_arguments():
     assert FedACS(K=3, omega=[0.5, 0.5], momentum=0.5, calibrate=True, estimator="ema", ema=0.2, unavailable="drop",
                   server_lr=0.5).hparams() == {
         "K": 3, "unavailable": "drop", "server_lr": 0.5, "estimator": "ema", "ema": 0.2, "omega": [0.5, 0.5],
-        "momentum": 0.5, "prox_mu": 0.0, "local_lr": None, "calibrate": True}
+        "momentum": 0.5, "prox_mu": 0.0, "local_lr": None, "calibrate": "client"}
     assert FedACS(K=1).hparams() == {"K": 1, "unavailable": "renormalize", "server_lr": 1.0}
     assert SampledFedAvg(K=2, probabilities=[0.25, 0.75]).hparams() == {
         "K": 2, "unavailable": "renormalize", "server_lr": 1.0, "probabilities": [0.25, 0.75]}
     assert CAFedAvg(K=2, calibrate=True).hparams() == {"K": 2, "unavailable": "renormalize", "server_lr": 1.0,
-                                                       "calibrate": True}
+                                                       "calibrate": "client"}
     assert OS(K=2, mix=0.3).hparams() == {"K": 2, "unavailable": "renormalize", "server_lr": 1.0, "mix": 0.3}
