@@ -90,6 +90,10 @@ class Study:
     report: Callable[[list[Record], Path], list[Summary]]
     run_seeds: Callable[[Cell, Sequence[int]], list[dict]] | None = None
     threads: int = 1
+    #: a cheap cell (a few rounds of one of the protocol's cells) whose one record ``check --rerun`` re-runs at HEAD
+    #: and compares bit for bit: the drift alarm for every number of the study
+    canary: Cell | None = None
+    canary_seed: int = 0
 
     def __post_init__(self) -> None:
         keys = [(c.setting, c.method) for c in self.cells]
@@ -214,13 +218,83 @@ def run_study(study: Study, seeds: Sequence[int], methods: Sequence[str] | None 
                     "study": study.name, "protocol": study.protocol, "setting": cell.setting, "method": cell.method,
                     "seed": int(seed), **prov, "config": {**cell.config, **result.get("config", {})},
                     "engine": result["engine"], "seeds_in_run": len(group), "wall_s": round(wall, 2),
-                    "cpu_s": round(cpu, 2), "metrics": result["metrics"],
+                    "cpu_s": round(cpu, 2), "metrics": result["metrics"], "threads": torch.get_num_threads(),
                 }
+                if result.get("data_checksum"):
+                    record["data_checksum"] = result["data_checksum"]
                 write_record(record_path(root, study.name, study.protocol, cell.setting, cell.method, seed), record)
                 done += 1
                 print(f"[{study.name} {study.protocol}] {cell.setting} / {cell.method} / seed {seed}: "
                       f"{wall:.1f} s ({done}/{total})", flush=True)
     return done
+
+
+# ---------------------------------------------------------------------------------------------------------- canaries
+def canary_path(root: Path, study: str) -> Path:
+    """Where a study's canary record lives (not ``seed*.json``: pages never read it)."""
+    return root / "records" / study / "canary.json"
+
+
+def run_canary(study: Study) -> Record:
+    """Train the study's canary cell once at HEAD with the study's thread count; the record it would write."""
+    import torch
+
+    if study.canary is None:
+        raise SystemExit(f"{study.name} declares no canary cell")
+    torch.set_num_threads(study.threads)
+    cell, seed = study.canary, study.canary_seed
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = study.run(cell, seed)
+    record = {
+        "study": study.name, "protocol": "canary", "setting": cell.setting, "method": cell.method, "seed": seed,
+        **provenance(), "config": {**cell.config, **result.get("config", {})}, "engine": result["engine"],
+        "wall_s": round(time.perf_counter() - wall, 2), "cpu_s": round(time.process_time() - cpu, 2),
+        "metrics": result["metrics"], "threads": torch.get_num_threads(),
+    }
+    if result.get("data_checksum"):
+        record["data_checksum"] = result["data_checksum"]
+    return record
+
+
+def write_canary(study: Study, root: Path = RESULTS) -> Record:
+    """Run the canary and (re)write its record: after a change that moves numbers on purpose (say why in
+    CHANGELOG.md and refresh the study's records too)."""
+    record = run_canary(study)
+    write_record(canary_path(root, study.name), record)
+    return record
+
+
+#: what a canary re-run must reproduce exactly
+CANARY_KEYS = ("config", "metrics", "data_checksum", "threads", "engine")
+
+
+def rerun_canary(study: Study, root: Path = RESULTS) -> list[str]:
+    """Re-run the canary at HEAD and list every difference from its committed record (empty: bit for bit)."""
+    path = canary_path(root, study.name)
+    if not path.is_file():
+        return [f"{study.name}: no canary record {path.relative_to(root)}; write it with "
+                f"`python scripts/reproduce.py canary {study.name}`"]
+    committed = json.loads(path.read_text())
+    fresh = json.loads(json.dumps(run_canary(study), sort_keys=True, default=_jsonable))  # the record's JSON form
+    problems = []
+    for key in CANARY_KEYS:
+        if committed.get(key) != fresh.get(key):
+            detail = _first_difference(committed.get(key), fresh.get(key))
+            problems.append(f"{study.name}: canary {key} differs from the record made at {committed['commit']} "
+                            f"({detail})")
+    return problems
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else str(key))
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for k, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{where}[{k}]")
+    return f"{where or 'value'}: recorded {a!r}, now {b!r}"
 
 
 # ------------------------------------------------------------------------------------------------------ statistics

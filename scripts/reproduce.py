@@ -4,6 +4,8 @@
     python scripts/reproduce.py run cafed --seeds 0-9 [--methods CA-Fed AdaFed] [--settings synthetic]
     python scripts/reproduce.py report                                 # docs/results/ from the records
     python scripts/reproduce.py check                                  # exit 1 if a committed page differs
+    python scripts/reproduce.py check --rerun                          # ... or a canary cell drifted at HEAD
+    python scripts/reproduce.py canary fedacs                          # refresh a canary after a meant change
 
 ``run`` writes one JSON record per (setting, method, seed) to ``docs/results/records/<study>/<protocol>/`` and
 skips the ones that exist, so a study fills up over several sessions; ``report`` and ``check`` train nothing.
@@ -32,7 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--one-seed-at-a-time", action="store_true",
                      help="do not batch seeds into one run even where the study can")
     sub.add_parser("report", help="regenerate every page and figure of docs/results/ from the records")
-    sub.add_parser("check", help="exit 1 when a committed page or figure differs from the records")
+    chk = sub.add_parser("check", help="exit 1 when a committed page or figure differs from the records")
+    chk.add_argument("--rerun", action="store_true",
+                     help="also re-run every study's canary cell at HEAD and compare it with its record bit for bit")
+    chk.add_argument("--studies", nargs="+", default=None, help="with --rerun: only these studies' canaries")
+    can = sub.add_parser("canary", help="(re)write a study's canary record at HEAD (after a change that moves numbers)")
+    can.add_argument("studies", nargs="+", choices=harness.STUDY_NAMES)
     sub.add_parser("list", help="the studies, their protocols, cells and record counts")
     args = parser.parse_args(argv)
 
@@ -46,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         files = harness.copy_report()
         print(f"wrote {len(files)} generated file(s) under {harness.RESULTS}")
         return 0
+    if args.command == "canary":
+        for name in args.studies:
+            record = harness.write_canary(harness.load_study(name))
+            print(f"[{name}] canary record written ({record['wall_s']} s, commit {record['commit']})")
+        return 0
     if args.command == "check":
         problems = harness.check()
         if problems:
@@ -53,6 +65,18 @@ def main(argv: list[str] | None = None) -> int:
             print("regenerate with `python scripts/reproduce.py report` (and commit the records it reads)")
             return 1
         print("docs/results/ matches its records")
+        if args.rerun:
+            drift = []
+            for name, study in harness.available_studies().items():
+                if (args.studies is None or name in args.studies) and study.canary is not None:
+                    found = harness.rerun_canary(study)
+                    print(f"[{name}] canary re-run: {'bit for bit' if not found else 'DIFFERS'}", flush=True)
+                    drift += found
+            if drift:
+                print("numbers drifted at HEAD:\n- " + "\n- ".join(drift))
+                print("if the change is meant, refresh the affected records and the canary (`reproduce.py canary "
+                      "STUDY`) and say why in CHANGELOG.md")
+                return 1
         return 0
     for name, study in harness.available_studies().items():
         records = harness.load_records(harness.RESULTS, name)

@@ -116,3 +116,39 @@ def test_verdict_rule():
 def test_seed_ranges_parse():
     assert harness.parse_seeds("0-2,7", ()) == [0, 1, 2, 7]
     assert harness.parse_seeds(None, (4, 5)) == [4, 5]
+
+
+# ------------------------------------------------------------------------------------------------- canary re-runs
+def test_records_carry_the_thread_count(root):
+    import torch
+
+    assert harness.load_records(root, "toy")[0]["threads"] == torch.get_num_threads() == TOY.threads
+
+
+DRIFT = {"offset": 0.0}
+
+
+def _run_drifting(cell, seed):
+    return {"metrics": {"acc": [0.5 + DRIFT["offset"], 0.25]}, "engine": "none", "data_checksum": "abc"}
+
+
+CANARY_TOY = harness.Study(name="toy", title="Toy", protocol="v1", seeds=(0,), cells=TOY.cells, run=_run_drifting,
+                           report=_report, canary=harness.Cell("s", "A", {"lr": 0.1, "rounds": 2}), canary_seed=7)
+
+
+def test_a_canary_rerun_is_silent_at_the_same_numbers_and_names_the_first_drifted_value(tmp_path):
+    DRIFT["offset"] = 0.0
+    harness.write_canary(CANARY_TOY, root=tmp_path)
+    record = harness.load_records(tmp_path, "toy")  # the canary is not a page's record
+    assert record == [] and harness.canary_path(tmp_path, "toy").is_file()
+    assert harness.rerun_canary(CANARY_TOY, root=tmp_path) == []
+    DRIFT["offset"] = 1e-12  # the smallest drift counts: bit for bit
+    problems = harness.rerun_canary(CANARY_TOY, root=tmp_path)
+    assert len(problems) == 1 and "canary metrics differs" in problems[0]
+    assert "acc[0]: recorded 0.5, now 0.500000000001" in problems[0]
+    DRIFT["offset"] = 0.0
+
+
+def test_a_missing_canary_record_is_a_problem_that_says_how_to_write_it(tmp_path):
+    (problem,) = harness.rerun_canary(CANARY_TOY, root=tmp_path)
+    assert "no canary record" in problem and "reproduce.py canary toy" in problem
