@@ -38,3 +38,31 @@ def test_run_cell_two_rounds_on_a_tiny_stand_in(setting):
     assert m["round"] == [1, 2] and all(0.0 <= v <= 1.0 for v in m["cis_acc"])
     assert out["config"]["lambda_tilde"] == [0.8, 0.15, 0.05]
     assert sum(out["config"]["node_sizes"]) == 140
+
+
+def test_v2_cells_cover_every_serving_column_but_the_equal_one():
+    # 33-33-33 is left out because its serving rates are equal: Serving Rate's weights are then Equal Weight's
+    assert set(fedcis.COLUMNS) == set(fedcis.TABLE_5_1["CIFAR10"]) - {"33-33-33"}
+    assert {(c.setting, c.method) for c in fedcis.CELLS} == {(col, m) for col in fedcis.COLUMNS
+                                                             for m in fedcis.STRATEGIES}
+    for cell in fedcis.CELLS:
+        assert cell.config["serving"] == cell.setting and cell.config["aggregation_base"] == "root_local"
+        assert cell.config["optimizer_state"] == "kept across rounds (per node)"
+    assert fedcis.paper_gain("80-15-5") == pytest.approx(0.043)
+    assert fedcis.paper_gain("20-35-45", "CIFAR100") == pytest.approx(-0.051)
+
+
+def test_v2_verdict_marks_columns_the_planned_seeds_cannot_resolve():
+    # 10 planned seeds: a column needing 27 is not testable whatever its estimate; one needing 4 follows the gain rule
+    assert fedcis.v2_verdict("10-30-60", 0.05, 0.03, 0.07, True, 27) == "not testable here (needs 27 seeds)"
+    assert fedcis.v2_verdict("80-15-5", 0.05, 0.03, 0.07, True, 4) == "reproduced"
+    assert fedcis.v2_verdict("80-15-5", 0.05, 0.03, 0.07, False, 4) == "pending"
+    assert fedcis.v2_verdict("80-15-5", -0.01, -0.03, 0.01, True, 4) == "not reproduced"
+
+
+def test_a_v2_cell_runs_two_rounds_with_each_node_keeping_its_optimizer_state():
+    config = {**fedcis.BASE_V2, "serving": "5-15-80", "base_width": 4, "rounds": 2, "eval_every": 1,
+              "local_steps": 1, "batch_size": 8, "train_size": 140, "test_size": 40, "synthetic_data": True}
+    out = fedcis.run_cell(harness.Cell("5-15-80", "Serving Rate", config), seed=0)
+    assert out["config"]["lambda_tilde"] == [0.05, 0.15, 0.8]
+    assert len(out["data_checksum"]) == 64 and out["metrics"]["round"] == [1, 2]

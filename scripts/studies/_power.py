@@ -1,0 +1,60 @@
+"""Power of a paired comparison over seeds, for the v2 protocols' power analyses and the pages that show them.
+
+The paired 95 % interval over ``n`` seeds has half-width ``t_{0.975, n-1} * sd / sqrt(n)``, where ``sd`` is the
+standard deviation (ddof 1) of the per-seed differences. :func:`seeds_needed` is the smallest ``n`` whose half-width
+is below ``effect``: fewer seeds cannot put the interval above 0 even when the true gain equals ``effect``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+MAX_SEEDS = 10_000
+
+
+def half_width(sd: float, n: int) -> float:
+    """Half-width of the 95 % Student-t interval of a mean over ``n`` values with standard deviation ``sd``."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+
+
+def seeds_needed(sd: float, effect: float, max_seeds: int = MAX_SEEDS) -> int | None:
+    """Smallest ``n >= 2`` with ``t_{0.975, n-1} * sd / sqrt(n) < |effect|``; ``None`` when ``effect`` is 0, ``sd`` is
+    not finite, or more than ``max_seeds`` would be needed."""
+    if not math.isfinite(sd) or effect == 0:
+        return None
+    if sd == 0:
+        return 2
+    for n in range(2, max_seeds + 1):
+        if half_width(sd, n) < abs(effect):
+            return n
+    return None
+
+
+def paired_sd(a: dict[int, float], b: dict[int, float]) -> tuple[float, int]:
+    """Standard deviation (ddof 1) of ``a[s] - b[s]`` over the seeds both have, and that number of seeds."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return math.nan, len(seeds)
+    return float(np.std([a[s] - b[s] for s in seeds], ddof=1)), len(seeds)
+
+
+def needed_text(n: int | None) -> str:
+    return "> 10,000" if n is None else str(n)
+
+
+def power_row(label: str, sd: float, n_sd: int, effect: float, planned: int) -> tuple[str, ...]:
+    """One row of a power table: what was compared, the paired SD it came from, the effect, seeds needed and
+    whether the planned seeds suffice."""
+    need = seeds_needed(sd, effect)
+    ok = need is not None and need <= planned
+    return (label, f"{100 * sd:.2f} pp ({n_sd} seeds)", f"{100 * effect:+.2f} pp", needed_text(need),
+            f"{planned}: " + ("enough" if ok else "too few"))
+
+
+POWER_HEADER: Sequence[str] = ("comparison", "paired SD (v1 records)", "effect to resolve", "seeds needed",
+                               "planned seeds")
