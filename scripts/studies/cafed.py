@@ -77,44 +77,205 @@ def make_config(method: str, lr_scale: float = 1.0, **overrides) -> dict:
     return config
 
 
+# ------------------------------------------------------------------------ protocol v2: the authors' recipe's pieces
+# What the library does not expose as an option is built here, as small, labelled study variants (the library is
+# unchanged; each variant is named in protocol-v2.md as "study variant" with the library change it stands for).
+
+
+def _sklearn_objective(theta: np.ndarray, x: np.ndarray, target: np.ndarray, num_classes: int, c: float):
+    """scikit-learn's multinomial objective ``0.5 ||W||^2 + C sum_n CE(W x_n + b, y_n)`` and its gradient."""
+    from scipy.special import logsumexp
+
+    k, d = num_classes, x.shape[1]
+    w, b = theta[: k * d].reshape(k, d), theta[k * d:]
+    logits = x @ w.T + b
+    lse = logsumexp(logits, axis=1)
+    ce = lse - logits[np.arange(len(target)), target]
+    residual = c * (np.exp(logits - lse[:, None]) - np.eye(k)[target])
+    grad = np.concatenate([(residual.T @ x + w).ravel(), residual.sum(0)])
+    return 0.5 * float((w * w).sum()) + c * float(ce.sum()), grad
+
+
+def regularised_optimum_losses(x: np.ndarray, y: np.ndarray, client_indices, c: float = 1.0) -> np.ndarray:
+    """``F_i*`` per client, as the authors' code computes its oracle: fit a multinomial logistic regression on the
+    client's training split with scikit-learn's objective (``C = 1``, intercept not penalised, softmax over the
+    classes the client holds, L-BFGS), then its *mean* cross-entropy on the same split; 0 for a client holding one
+    class (the code's rule: scikit-learn refuses to fit it)."""
+    from scipy.optimize import minimize
+    from scipy.special import logsumexp
+
+    out = np.zeros(len(client_indices))
+    for i, idx in enumerate(client_indices):
+        xi, yi = x[idx].astype(np.float64), y[idx]
+        classes = np.unique(yi)
+        if classes.size < 2:
+            continue
+        k, d, target = classes.size, xi.shape[1], np.searchsorted(classes, yi)
+        fit = minimize(_sklearn_objective, np.zeros(k * d + k), args=(xi, target, k, c), jac=True,
+                       method="L-BFGS-B", options={"maxiter": 5000, "gtol": 1e-8})
+        w, b = fit.x[: k * d].reshape(k, d), fit.x[k * d:]
+        logits = xi @ w.T + b
+        out[i] = float(np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(yi)), target]))
+    return out
+
+
+class ServerMomentumSGD:
+    """Study variant (mixin, first base): the authors' server optimiser, ``torch.optim.SGD(momentum, weight_decay)``
+    on the pseudo-gradient ``-(sum_i q_i delta_i)``, its momentum kept across rounds. The rule's own plain step
+    ``w + eta_s * sum_i q_i delta_i`` is computed first and turned into that pseudo-gradient; a round whose plain
+    step is zero (nothing aggregated) is skipped, as the authors' aggregator skips it. Library change it stands for:
+    a ``server_optimizer`` option on the rules."""
+
+    def __init__(self, *args, server_momentum: float = 0.9, server_weight_decay: float = 1e-2, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.server_momentum = float(server_momentum)
+        self.server_weight_decay = float(server_weight_decay)
+        self.server_buffer: torch.Tensor | None = None
+
+    def close_round(self):
+        before = self.params
+        plain = super().close_round()
+        step = plain - before
+        if not bool(torch.any(step != 0)):
+            self.params = before
+            return before
+        grad = -step / self.server_lr + self.server_weight_decay * before
+        if self.server_buffer is None:
+            self.server_buffer = grad.clone()
+        else:
+            self.server_buffer = self.server_momentum * self.server_buffer + grad
+        self.params = before - self.server_lr * self.server_buffer
+        return self.params
+
+
+class FullSplitLossCAFed:
+    """Study variant (mixin before :class:`~lightning_fedhet.algorithms.CAFed`): the loss each probed client reports
+    at ``w_t`` is its cross-entropy on its whole training split (the authors' code evaluates whole local splits)
+    instead of the library's one-batch probe. The engine's probe still decides *which* clients report (the available
+    ones); the value comes from the logistic regression in the flat global vector ``[W (C x D), b (C)]``. Library
+    change it stands for: a ``loss_source="full_split"`` probe."""
+
+    def __init__(self, *args, train_x: torch.Tensor, train_y: torch.Tensor, client_indices, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._x, self._y = train_x.to(torch.float64), train_y
+        self._owner = torch.cat([torch.full((len(idx),), i, dtype=torch.int64)
+                                 for i, idx in enumerate(client_indices)])
+        order = torch.from_numpy(np.concatenate([np.asarray(i, dtype=np.int64) for i in client_indices]))
+        self._x, self._y = self._x[order], self._y[order]
+        self._counts = torch.bincount(self._owner, minlength=len(client_indices)).to(torch.float64)
+
+    def full_split_losses(self) -> torch.Tensor:
+        num_classes = int(self._y.max()) + 1
+        dim = self._x.shape[1]
+        theta = self.params.to(torch.float64)
+        w, b = theta[: num_classes * dim].view(num_classes, dim), theta[num_classes * dim: num_classes * (dim + 1)]
+        ce = torch.nn.functional.cross_entropy(self._x @ w.T + b, self._y, reduction="none")
+        return torch.zeros_like(self._counts).index_add_(0, self._owner, ce) / self._counts
+
+    def observe_losses(self, round: int, losses) -> None:
+        probed = torch.isfinite(torch.as_tensor(losses, dtype=torch.float64))
+        full = self.full_split_losses()
+        super().observe_losses(round, torch.where(probed, full, torch.full_like(full, float("nan"))))
+
+
+def local_epoch_steps(client_sizes, epochs: int, batch_size: int) -> np.ndarray:
+    """Local *epochs* as per-client step counts: ``epochs * ceil(|D_i| / batch_size)`` (the authors' ``fit_epochs``
+    walks the client's whole training split ``epochs`` times in batches of ``batch_size``)."""
+    sizes = np.asarray(client_sizes, dtype=np.int64)
+    return epochs * -(-sizes // batch_size)
+
+
+# ------------------------------------------------------------------------------------------------ protocol v2
+#: The one dataset (and class assignment) of every v2 run: the first seed whose client sizes stay below the library's
+#: 10,000-sample cap (max 8,328), so the data equal the uncapped generator's (the authors' code has no cap).
+DATA_SEED = 0
+BASE_V2 = {
+    **BASE,
+    "availability": {**BASE["availability"], "composition": "code"},
+    "data_seed": DATA_SEED, "local_epochs": 2, "local_steps": "2 local epochs: 2 * ceil(|D_i| / 32) steps",
+    "momentum": 0.9, "client_optimizer_state": "reset each round (vmap engine)",
+    "server_optimizer": {"name": "SGD", "momentum": 0.9, "weight_decay": 1e-2},
+}
+CAFED_V2 = {"bias_factor": 1.0, "strict": False, "f_star": "regularised per-client fit",
+            "probe_split": "whole training split"}
+
+
+def make_config_v2(method: str, lr_scale: float = 1.0, **overrides) -> dict:
+    """A v2 cell's configuration: :data:`BASE_V2`, the method's rule (CA-Fed with the authors' constants and
+    inputs, :data:`CAFED_V2`) and Table A.2's learning rates (local lr x ``lr_scale``)."""
+    config = make_config(method, lr_scale, **{**BASE_V2, **overrides})
+    if method == "CA-Fed":
+        config.update(CAFED_V2)
+    return config
+
+
 # --------------------------------------------------------------------------------------------------------- running
-def _more_available_rule(keep: np.ndarray, server_lr: float):
+def _more_available_class():
     from lightning_fedhet.algorithms import FedAvg
 
     class MoreAvailable(FedAvg):
         """Unbiased weights ``alpha_i / pi_i``, but only the clients in ``keep`` (the more-available class) train."""
 
-        def __init__(self) -> None:
-            super().__init__(weighting="known_p", server_lr=server_lr)
+        def __init__(self, keep: np.ndarray, server_lr: float, **kwargs) -> None:
+            super().__init__(weighting="known_p", server_lr=server_lr, **kwargs)
             self.keep = torch.as_tensor(keep, dtype=torch.bool)
 
         def select(self, round, available, rng):
             return torch.as_tensor(available).bool() & self.keep
 
-    return MoreAvailable()
+    return MoreAvailable
 
 
-def build_rule(config: dict, pi: np.ndarray, lam: np.ndarray, classes: np.ndarray):
+def _variant(*bases):
+    """The class ``bases[0]`` ... mixed over the library's rule ``bases[-1]`` (the study variants above)."""
+    return type("".join(b.__name__ for b in bases), bases, {})
+
+
+def build_rule(config: dict, pi: np.ndarray, lam: np.ndarray, classes: np.ndarray, data=None):
+    """The cell's server rule. Protocol v2 cells (``server_optimizer`` in the config) get the authors' server SGD
+    (:class:`ServerMomentumSGD`) on every rule and, for CA-Fed, the oracle ``F*`` and whole-split losses."""
     from lightning_fedhet.algorithms import F3AST, AdaFed, CAFed, FedAvg
 
     rule, server_lr = config["rule"], config["server_lr"]
+    server = config.get("server_optimizer")
+    extra = ({"server_momentum": server["momentum"], "server_weight_decay": server["weight_decay"]}
+             if server else {})
+
+    def cls(base, *mixins):
+        return _variant(ServerMomentumSGD, *mixins, base) if server else (
+            _variant(*mixins, base) if mixins else base)
+
     if rule == "CAFed":
-        return CAFed(kappa_bar_sq=config["kappa_bar_sq"], tau=config["tau"], beta=config["beta"], pi=pi, lam=lam,
-                     bias_factor=config["bias_factor"], strict=config["strict"], loss_source=config["loss_source"],
-                     server_lr=server_lr)
+        kwargs = dict(kappa_bar_sq=config["kappa_bar_sq"], tau=config["tau"], beta=config["beta"], pi=pi, lam=lam,
+                      bias_factor=config["bias_factor"], strict=config["strict"], loss_source=config["loss_source"],
+                      server_lr=server_lr, **extra)
+        mixins = ()
+        if config.get("f_star") == "regularised per-client fit":
+            x, y = (t.numpy() for t in data.train_dataset.tensors)
+            kwargs["f_star"] = regularised_optimum_losses(x, y, data.client_indices)
+        if config.get("probe_split") == "whole training split":
+            mixins = (FullSplitLossCAFed,)
+            kwargs.update(train_x=data.train_dataset.tensors[0], train_y=data.train_dataset.tensors[1],
+                          client_indices=data.client_indices)
+        return cls(CAFed, *mixins)(**kwargs)
     if rule == "AdaFed":
-        return AdaFed(pi_source=config["pi_source"], server_lr=server_lr)
+        return cls(AdaFed)(pi_source=config["pi_source"], server_lr=server_lr, **extra)
     if rule == "F3AST":
-        return F3AST(k=config["k"], beta=config["beta"], rate=config["rate"], pi=pi, server_lr=server_lr)
+        return cls(F3AST)(k=config["k"], beta=config["beta"], rate=config["rate"], pi=pi, server_lr=server_lr,
+                          **extra)
     if rule == "FedAvg":
-        return FedAvg(weighting=config["weighting"], server_lr=server_lr)
+        return cls(FedAvg)(weighting=config["weighting"], server_lr=server_lr, **extra)
     if rule == "MoreAvailable":
-        return _more_available_rule(np.isin(classes, config["keep_classes"]), server_lr)
+        return cls(_more_available_class())(np.isin(classes, config["keep_classes"]), server_lr, **extra)
     raise ValueError(f"unknown rule {rule!r}")
 
 
 def _build(cell: harness.Cell, seed: int):
-    """``(model, datamodule, strategy, classes)`` of one seed, exactly as its run makes them (after seeding)."""
+    """``(model, datamodule, strategy, classes)`` of one seed, exactly as its run makes them (after seeding).
+
+    Protocol v2 cells (``data_seed`` in the config) use one dataset and one class assignment for every seed (the
+    authors' ``multiple_seeds.sh`` generates the data once): the run seed draws the initialisation, the
+    availability chains and the batches."""
     from lightning_fedhet import FedHetStrategy
     from lightning_fedhet.classifier import Classifier
     from lightning_fedhet.data import SyntheticLeafFederated
@@ -122,22 +283,26 @@ def _build(cell: harness.Cell, seed: int):
 
     c = cell.config
     av = c["availability"]
+    data_seed = c.get("data_seed", seed)
     recipe = CAFedClasses(g=av["g"], nu=av["nu"], eps=av["eps"], composition=av["composition"],
                           shuffle=av["shuffle"])
-    classes = recipe.classes(c["num_clients"], seed)
-    pi, lam = recipe.resolve(c["num_clients"], seed)  # what Markov(p=recipe) draws for the same (N, seed)
+    classes = recipe.classes(c["num_clients"], data_seed)
+    pi, lam = recipe.resolve(c["num_clients"], data_seed)  # what Markov(p=recipe) draws for the same (N, seed)
     _train.seed_all(seed)
     data = SyntheticLeafFederated(num_clients=c["num_clients"], gamma=c["gamma"], delta=c["delta"],
-                                  batch_size=c["batch_size"], eval_batch_size=c["eval_batch_size"], seed=seed)
+                                  batch_size=c["batch_size"], eval_batch_size=c["eval_batch_size"], seed=data_seed)
     model = Classifier(c["model"], num_classes=c["num_classes"], lr=c["local_lr"], momentum=c["momentum"],
                        weight_decay=c["weight_decay"], model_kwargs={"in_features": c["in_features"]})
-    strategy = FedHetStrategy(algorithm=build_rule(c, pi, lam, classes), participation=Markov(p=recipe),
-                              local_steps=c["local_steps"], engine=c["engine"], client_weights=c["client_weights"],
+    steps = (local_epoch_steps(data.client_sizes, c["local_epochs"], c["batch_size"]) if "local_epochs" in c
+             else c["local_steps"])
+    participation = Markov(p=pi, lam=lam) if "data_seed" in c else Markov(p=recipe)
+    strategy = FedHetStrategy(algorithm=build_rule(c, pi, lam, classes, data), participation=participation,
+                              local_steps=steps, engine=c["engine"], client_weights=c["client_weights"],
                               seed=seed)
     return model, data, strategy, classes
 
 
-def _result(curve, history: list[dict], classes: np.ndarray, engine: str) -> dict:
+def _result(curve, history: list[dict], classes: np.ndarray, engine: str, data) -> dict:
     """A run's record fields from its evaluation curve and round history."""
     shares = np.zeros(len(GROUPS))
     for h in history:
@@ -152,6 +317,7 @@ def _result(curve, history: list[dict], classes: np.ndarray, engine: str) -> dic
             "weight_share": [round(float(x), 6) for x in shares / max(shares.sum(), 1e-300)],
         },
         "engine": engine,
+        "data_checksum": _train.data_checksum(data.client_indices, *data.train_dataset.tensors),
     }
 
 
@@ -159,7 +325,7 @@ def run_cell(cell: harness.Cell, seed: int) -> dict:
     """Train one (setting, method) cell for one seed; the accuracy curve and the Fig. 2.1d weight shares."""
     model, data, strategy, classes = _build(cell, seed)
     curve = _train.fit(model, data, strategy, cell.config["rounds"], cell.config["eval_every"])
-    return _result(curve, strategy.history, classes, cell.config["engine"])
+    return _result(curve, strategy.history, classes, cell.config["engine"], data)
 
 
 def run_seeds(cell: harness.Cell, seeds) -> list[dict]:
@@ -186,7 +352,8 @@ def run_seeds(cell: harness.Cell, seeds) -> list[dict]:
     out = []
     for run in runs:
         curve = [(r, {"val_acc": float(m["val_acc"])}) for r, m in run.evals]
-        out.append(_result(curve, run.history, built[run.seed][3], "vmap x seeds (multiseed.fit_seeds)"))
+        out.append(_result(curve, run.history, built[run.seed][3], "vmap x seeds (multiseed.fit_seeds)",
+                           built[run.seed][1]))
     return out
 
 
