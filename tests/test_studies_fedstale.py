@@ -1,4 +1,5 @@
-"""The FedStale study module (scripts/studies/fedstale.py): the label swap of the low group, and a 2-round run."""
+"""The FedStale study module (scripts/studies/fedstale.py): v1's low-group swap, v2's every-client swap (the authors'
+code), a 2-round run, and stacked seeds equal to single-seed runs."""
 
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from studies import fedstale  # noqa: E402
 
 from lightning_fedhet.data import IID  # noqa: E402
 
+TINY_V1 = {**fedstale.V1_BASE, "beta": 0.5, "rounds": 2, "eval_every": 1, "metric_window_rounds": 2,
+           "test_per_client": 10, "synthetic_data": True}
 TINY = {**fedstale.BASE, "beta": 0.5, "rounds": 2, "eval_every": 1, "metric_window_rounds": 2, "test_per_client": 10,
         "synthetic_data": True}
 
@@ -20,7 +23,7 @@ def test_only_the_low_group_swaps_and_its_test_shards_carry_the_same_swap():
     # sigma = 1: every class-0 sample of a low-group client reads 1 and vice versa, in training and test shards;
     # high-group labels are untouched. Slips it catches: swapping the always-on group, swapping every client (the
     # code's reading), leaving the test shards unswapped (accuracy would then not measure the clients' objective).
-    config = {**TINY, "sigma": 1.0}
+    config = {**TINY_V1, "sigma": 1.0}
     data = fedstale.datamodule(config, seed=3)
     low = fedstale.groups(config).low_group(config["num_clients"], 3)
     assert low.sum() == 12
@@ -55,3 +58,36 @@ def test_run_cell_two_rounds_on_a_tiny_stand_in():
     assert len(out["config"]["low_group"]) == 12
     record = {"metrics": m, "config": {**TINY, **out["config"]}}
     assert fedstale.final_acc(record) == np.mean(m["val_acc"])
+
+
+def test_v2_every_client_swaps_its_pair_by_parity_in_training_and_test_shards():
+    # sigma = 1, the authors' layout: client i swaps (0, 1) when i is even and (8, 9) when odd, whatever its
+    # participation group. Slips it catches: swapping the low group only (v1), one pair for everybody, a test set
+    # left unswapped.
+    config = {**TINY, "sigma": 1.0}
+    data = fedstale.datamodule(config, seed=3)
+    original = fedstale._stand_in(24 * 20, 24 * 10)[0].tensors[1].numpy()
+    swapped = data.train_dataset.tensors[1].numpy()
+    for client, idx in enumerate(data.client_indices):
+        a, b = (0, 1) if client % 2 == 0 else (8, 9)
+        before = original[idx]
+        assert np.array_equal(swapped[idx], np.where(before == a, b, np.where(before == b, a, before)))
+    val_y = data.val_dataset.tensors[1].numpy()
+    true_y = fedstale._stand_in(24 * 20, 24 * 10)[1].tensors[1].numpy()
+    for client, idx in enumerate(IID().split(true_y, 24, 3)):
+        a, b = (0, 1) if client % 2 == 0 else (8, 9)
+        assert np.array_equal(val_y[idx], np.where(true_y[idx] == a, b, np.where(true_y[idx] == b, a, true_y[idx])))
+
+
+def test_stacked_seeds_give_each_seed_its_single_seed_run():
+    # run_seeds stacks the seeds in one fit_seeds run; each seed's accuracy curve, arrivals and data checksum must
+    # be its own single-seed run's (same draws, same data, accuracy within float tolerance of the vmap engine).
+    cell = harness.Cell(fedstale.SETTING, "beta=0.8", {**TINY, "beta": 0.8})
+    stacked = fedstale.run_seeds(cell, [0, 1])
+    for seed, out in zip([0, 1], stacked):
+        single = fedstale.run_cell(cell, seed)
+        assert out["metrics"]["received"] == single["metrics"]["received"]
+        assert out["metrics"]["round"] == single["metrics"]["round"]
+        assert np.allclose(out["metrics"]["val_acc"], single["metrics"]["val_acc"], atol=1e-3)
+        assert out["data_checksum"] == single["data_checksum"] and len(out["data_checksum"]) == 64
+    assert stacked[0]["data_checksum"] != stacked[1]["data_checksum"]

@@ -2,11 +2,12 @@
 
 The paper's recipe on Fashion-MNIST, scaled to a 2-core CPU: ``N`` clients, an IID split of the training set, two
 participation groups drawn at random (half always on, half with ``p_min``, Bernoulli every round, probabilities
-known to the server), and the paper's **label-swap** heterogeneity: in every client of the *second* (less
-participating) group a fraction ``sigma`` of the samples of each class of one label pair get the other label
-(``LabelSwap(sigma, pairs=(pair,), swap_clients=<low group>)``). Each client also holds an equal IID shard of the
-test set with the same swap, and the test accuracy is measured on the union of these shards: with equal shard sizes
-that is ``(1/N) sum_i acc_i``, the accuracy on the paper's objective ``(1/N) sum_i F_i``.
+known to the server), and the paper's **label-swap** heterogeneity: a fraction ``sigma`` of the samples of each
+class of a label pair get the other label. Protocol v1 swapped one pair in the *second* (less participating) group
+only (``LabelSwap(sigma, pairs=(pair,), swap_clients=<low group>)``); protocol v2 follows the authors' code, every
+client swapping, client ``i`` the pair ``[(0, 1), (8, 9)][i % 2]`` (``LabelSwap(sigma)``). Each client also holds an
+equal IID shard of the test set with the same swap, and the test accuracy is measured on the union of these shards:
+with equal shard sizes that is ``(1/N) sum_i acc_i``, the accuracy on the paper's objective ``(1/N) sum_i F_i``.
 
 Methods: ``FedStale(beta)`` with known ``p_i`` (the paper's Eq. 9: ``beta = 0`` is unbiased FedAvg, ``beta = 1``
 unbiased FedVARP) for ``beta`` in {0, 0.2, 0.5, 0.8, 1}.
@@ -31,6 +32,7 @@ from . import _train
 
 NUM_CLASSES = 10
 BETAS = (0.0, 0.2, 0.5, 0.8, 1.0)
+SWAP_ALL = "every client: client i swaps swap_pairs[i % 2] (the authors' code)"
 
 
 def method_name(beta: float) -> str:
@@ -58,8 +60,11 @@ def groups(c: dict) -> TwoGroup:
 
 
 def label_swap(c: dict, seed: int) -> LabelSwap:
-    """The paper's heterogeneity: the low group swaps ``sigma`` of the pair's samples (reading of "the second
-    group"); an IID base split."""
+    """The label-swap heterogeneity over an IID base split. Protocol v1: only the low group swaps ``sigma`` of one
+    pair's samples (a literal reading of "the second group"). Protocol v2: every client swaps, client ``i`` the pair
+    ``swap_pairs[i % 2]`` (the authors' code: even clients (0, 1), odd clients (8, 9))."""
+    if c["swap_group"] == SWAP_ALL:
+        return LabelSwap(c["sigma"], pairs=tuple(tuple(p) for p in c["swap_pairs"]))
     low = np.flatnonzero(groups(c).low_group(c["num_clients"], seed)).tolist()
     return LabelSwap(c["sigma"], pairs=(tuple(c["swap_pair"]),), swap_clients=low)
 
@@ -80,10 +85,9 @@ def datamodule(c: dict, seed: int) -> FederatedDataModule:
 
 
 # ------------------------------------------------------------------------------------------------------------- run
-def run_cell(cell, seed: int) -> dict:
-    """Train one beta for one seed; metrics per evaluation: per-client-shard test accuracy; per round: arrivals."""
+def _build(cell, seed: int):
+    """``(model, datamodule, strategy, low)`` of one seed, exactly as its run makes them (after seeding)."""
     c = cell.config
-    torch.set_num_threads(1)
     data = datamodule(c, seed)
     _train.seed_all(seed)
     model = Classifier(c["model"], num_classes=NUM_CLASSES, lr=c["lr"],
@@ -92,31 +96,96 @@ def run_cell(cell, seed: int) -> dict:
         algorithm=FedStale(beta=c["beta"], weighting=c["weighting"], p_source=c["p_source"],
                            server_lr=c["server_lr"]),
         participation=Bernoulli(groups(c)), local_steps=c["local_steps"], engine=c["engine"], seed=seed)
-    curve = _train.fit(model, data, strategy, c["rounds"], c["eval_every"])
-    low = groups(c).low_group(c["num_clients"], seed)
-    if not np.array_equal(strategy.participation.p.numpy() < c["p_max"], low):
-        raise RuntimeError("the participation's low group differs from the label-swapping group")
+    return model, data, strategy, groups(c).low_group(c["num_clients"], seed)
+
+
+def _result(c: dict, curve, history: list[dict], participation, low: np.ndarray, data, engine: str) -> dict:
+    if not np.array_equal(participation.p.numpy() < c["p_max"], low):
+        raise RuntimeError("the participation's low group differs from the one the study reads")
     metrics = _train.series(curve)
-    metrics["received"] = [len(h["received"]) for h in strategy.history]
-    metrics["received_low"] = [int(low[h["received"].numpy()].sum()) for h in strategy.history]
-    return {"metrics": metrics, "engine": c["engine"],
-            "config": {"low_group": np.flatnonzero(low).tolist()}}
+    metrics["received"] = [len(h["received"]) for h in history]
+    metrics["received_low"] = [int(low[h["received"].numpy()].sum()) for h in history]
+    x, y = data.train_dataset.tensors
+    return {"metrics": metrics, "engine": engine, "config": {"low_group": np.flatnonzero(low).tolist()},
+            "data_checksum": _train.data_checksum(data.client_indices, x, y)}
+
+
+def _needs_gpu(c: dict) -> None:
+    if c.get("needs_gpu") and not torch.cuda.is_available():
+        raise SystemExit("this cell waits for a GPU (the protocol's GPU cells); no CUDA device here")
+
+
+def run_cell(cell, seed: int) -> dict:
+    """Train one beta for one seed; metrics per evaluation: per-client-shard test accuracy; per round: arrivals."""
+    c = cell.config
+    _needs_gpu(c)
+    torch.set_num_threads(1)
+    model, data, strategy, low = _build(cell, seed)
+    curve = _train.fit(model, data, strategy, c["rounds"], c["eval_every"])
+    return _result(c, curve, strategy.history, strategy.participation, low, data, c["engine"])
+
+
+def run_seeds(cell, seeds) -> list[dict]:
+    """Every seed of ``seeds`` at once (:func:`lightning_fedhet.multiseed.fit_seeds`: their cohorts stacked in one
+    vmap per round); each seed's result equals :func:`run_cell`'s for that seed within float tolerance (the engine
+    contract). Only for cells whose engine is ``"vmap"``; the accuracy is computed on the validation tensors
+    directly (the same micro accuracy as the Classifier's ``val_acc``)."""
+    from lightning_fedhet.multiseed import fit_seeds
+
+    c = cell.config
+    _needs_gpu(c)
+    if c["engine"] != "vmap":
+        return [run_cell(cell, seed) for seed in seeds]
+    torch.set_num_threads(1)
+    device = "cuda" if c.get("needs_gpu") else "cpu"
+    built: dict[int, tuple] = {}
+
+    def build(seed: int):
+        built[seed] = _build(cell, seed)  # seeds itself again: fit_seeds' seed_everything is the same call
+        return built[seed][:3]
+
+    def evaluate(module, seed: int, round: int) -> dict:
+        x, y = built[seed][1].val_dataset.tensors
+        module.eval()
+        with torch.no_grad():
+            correct = sum(int((module(x[s:s + 2400].to(device)).argmax(1).cpu() == y[s:s + 2400]).sum())
+                          for s in range(0, len(y), 2400))
+        return {"val_acc": correct / len(y)}
+
+    _train.quiet()
+    runs = fit_seeds(build, list(seeds), c["rounds"], eval_every=c["eval_every"], evaluate=evaluate, device=device)
+    return [_result(c, run.evals, run.history, run.strategy.participation, built[run.seed][3], built[run.seed][1],
+                    "vmap x seeds (multiseed.fit_seeds)") for run in runs]
 
 
 # ------------------------------------------------------------------------------------------------ protocol v1 cells
-PROTOCOL = "v1"
-SEEDS = (0, 1, 2, 3, 4)
-LR = 0.316  # client learning rate 10^-0.5, chosen on pilot seed 100 (see the protocol)
 SETTING = "sigma=0.6, p_avg/p_min=3"
-BASE = {
+V1_SEEDS = (0, 1, 2, 3, 4)
+V1_LR = 0.316  # client learning rate 10^-0.5, chosen on pilot seed 100 (protocol v1)
+V1_BASE = {
     "data": "fashion_mnist (all 60,000 training images, IID split)", "num_clients": 24, "low_fraction": 0.5,
     "p_max": 1.0, "p_min": 0.2, "participation": "Bernoulli, i.i.d. over rounds", "sigma": 0.6, "swap_pair": [0, 1],
     "swap_group": "low-participation group", "test_per_client": 50, "model": "fmnist_cnn", "width": 8, "hidden": 32,
-    "local_steps": 5, "batch_size": 32, "lr": LR, "local_solver": "SGD (no momentum, no weight decay)",
+    "local_steps": 5, "batch_size": 32, "lr": V1_LR, "local_solver": "SGD (no momentum, no weight decay)",
     "server_lr": 1.0, "weighting": "known_p", "p_source": "known", "rounds": 50, "eval_every": 2,
     "metric_window_rounds": 10, "engine": "vmap",
 }
-CELLS = tuple(harness.Cell(SETTING, method_name(b), {**BASE, "beta": b}) for b in BETAS)
+V1_CELLS = tuple(harness.Cell(SETTING, method_name(b), {**V1_BASE, "beta": b}) for b in BETAS)
+
+# ------------------------------------------------------------------------------------------------ protocol v2 cells
+PROTOCOL = "v2"
+SEEDS = tuple(range(14))  # the power analysis of protocol v2 (80 % power for C1 and C2 at v1's paired SDs)
+LR = 1e-2  # the top of the paper's grid {1e-2, ..., 1e-4}, the best on pilot seed 100 (protocol v2)
+BASE = {**{k: v for k, v in V1_BASE.items() if k != "swap_pair"}, "swap_group": SWAP_ALL,
+        "swap_pairs": [[0, 1], [8, 9]], "lr": LR}
+GPU_SETTING = SETTING + ", paper width"
+#: the order the CPU cells run in (C1 and C2 first, then C3/C4's beta = 0.5, then the descriptive beta = 0.2)
+RUN_ORDER = (0.0, 0.8, 1.0, 0.5, 0.2)
+CELLS = tuple(harness.Cell(SETTING, method_name(b), {**BASE, "beta": b}) for b in RUN_ORDER) + tuple(
+    harness.Cell(GPU_SETTING, method_name(b), {**BASE, "beta": b, "width": 32, "hidden": 128, "batch_size": 128,
+                                               "needs_gpu": True}) for b in RUN_ORDER)
+#: per protocol: its seeds and cells (the page shows every protocol with its own verdicts)
+PROTOCOLS = {"v1": (V1_SEEDS, V1_CELLS), PROTOCOL: (SEEDS, CELLS)}
 
 #: The paper's Fig. 5 (thesis Fig. 3.5), "Exact" row, sigma = 0.6, p_avg/p_min = 3: beta_opt and its accuracy gains
 #: in percentage points over FedAvg (Delta_0) and over FedVARP (Delta_1).
@@ -142,14 +211,82 @@ def _label(beta: float) -> str:
     return method_name(beta) + (" (FedAvg)" if beta == 0 else " (FedVARP)" if beta == 1 else "")
 
 
+def describe(c: dict) -> str:
+    """One setting's recipe in words, from its cell configuration."""
+    n_low = int(c["low_fraction"] * c["num_clients"])
+    if c["swap_group"] == SWAP_ALL:
+        swap = (f"every client swaps a fraction sigma = {c['sigma']:g} of one label pair, client i the pair "
+                f"{' / '.join(str(tuple(p)) for p in c['swap_pairs'])} by i mod 2 (the authors' code)")
+    else:
+        swap = (f"the low group swaps a fraction sigma = {c['sigma']:g} of labels {c['swap_pair'][0]} and "
+                f"{c['swap_pair'][1]}")
+    return (f"N = {c['num_clients']} ({n_low} with p_min = {c['p_min']:g}, the others always on; Bernoulli, p "
+            f"known); {swap}, in training and test shards; {c['rounds']} rounds; CNN width {c['width']}, hidden "
+            f"{c['hidden']}; batch {c['batch_size']}; {c['local_steps']} local steps; client lr {c['lr']:g}")
+
+
+def _beta_rows(recs: list[dict], setting: str, seeds: tuple, acc: dict, complete: dict) -> list[tuple]:
+    rows = []
+    for b in BETAS:
+        rs = [r for r in recs if r["setting"] == setting and r["method"] == method_name(b)]
+        n = f"{len(rs)}/{len(seeds)}" + ("" if complete[b] else " (incomplete)")
+        low = harness.mean_ci([np.mean(r["metrics"]["received_low"]) for r in rs])
+        rows.append((_label(b), n, harness.fmt_ci(*harness.mean_ci(list(acc[b].values()))),
+                     harness.fmt_ci(*low, scale=1.0, digits=2)))
+    return rows
+
+
+def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, recs: list[dict], summaries: list,
+                     primary: bool) -> list[str]:
+    c = cells[0].config
+    lines = [f"### {setting}\n", describe(c) + ".\n"]
+    betas_here = [cell.config["beta"] for cell in cells]
+    if c.get("needs_gpu") and not recs:
+        lines.append(f"**Waiting for a GPU**: {len(cells)} cells x {len(seeds)} seeds, none run yet (see the "
+                     "protocol for the cost on this machine).\n")
+        return lines
+    acc = {b: harness.by_seed(recs, final_acc, setting=setting, method=method_name(b)) for b in BETAS}
+    complete = {b: b in betas_here and len(acc[b]) >= len(seeds) for b in BETAS}
+    lines.append(harness.markdown_table(
+        ("method", "seeds", "test accuracy % (mean [95 % CI])", "low-group clients per round"),
+        _beta_rows(recs, setting, seeds, acc, complete)))
+    means = {b: harness.mean_ci(list(acc[b].values()))[0] for b in BETAS if acc[b]}
+    if means:
+        best = max(means, key=lambda b: means[b])
+        state = "" if all(complete[b] for b in betas_here) else " (incomplete cells)"
+        lines.append(f"\nBest beta by mean accuracy: **{best:g}**{state} (paper: {PAPER_BETA_OPT:g}).\n")
+    lines.append("Paired differences (percentage points) and verdicts; the half-width is the paired interval's, "
+                 "beside the paper's effect it must beat:\n")
+    prow = []
+    for cid, b, base, gain, where in CLAIMS:
+        mean, lo, hi, n = harness.paired(acc[b], acc[base])
+        ok = complete[b] and complete[base]
+        verdict = (harness.verdict_for_gain(lo, mean, hi, None if gain is None else gain / 100) if ok
+                   else "pending")
+        half = (hi - lo) / 2
+        resolves = "–" if gain is None or half != half else ("yes" if 100 * half < gain else "no")
+        if verdict not in ("pending", "reproduced", "partly reproduced") and resolves == "no":
+            verdict += " (interval wider than the paper's effect)"
+        paper = "a gain (no number in the text)" if gain is None else f"+{gain:g} pp"
+        ours = harness.fmt_ci(mean, lo, hi, unit=" pp")
+        width = "–" if half != half else f"{100 * half:.2f} pp"
+        prow.append((cid, f"{_label(b)} - {_label(base)}", n, ours, width, resolves, paper, f"**{verdict}**"))
+        if primary:
+            summaries.append(harness.Summary(f"{cid} {where} [{protocol}]", paper, f"{ours} ({n} seeds)", verdict))
+    lines.append(harness.markdown_table(("claim", "difference", "seeds", "ours (mean [95 % CI])", "half-width",
+                                         "half-width < paper's effect", "paper", "verdict"), prow))
+    lines.append("")
+    return lines
+
+
 def write_report(records: list[dict], out) -> list:
     out_dir = out / "fedstale"
-    B, n_low = BASE, int(BASE["low_fraction"] * BASE["num_clients"])
     lines = [
         "# FedStale: the weight of stale updates, beta, on Fashion-MNIST with label-swap heterogeneity\n",
         "Generated by `python scripts/reproduce.py report` from the records in `records/fedstale/`; do not edit.\n",
-        f"Protocol: [fedstale/protocol-{PROTOCOL}.md](fedstale/protocol-{PROTOCOL}.md) (committed before the runs; "
-        "it lists the paper's setting beside ours, every departure and its reason).\n",
+        "Protocols: " + ", ".join(f"[{p}](fedstale/protocol-{p}.md)" for p in PROTOCOLS) + " (each committed before "
+        "its runs; each lists the paper's setting beside ours, every departure and its reason). The page shows "
+        "every protocol's results with its own verdicts.\n",
         "## Claims (quoted from the paper)\n",
         "- Fig. 5 (thesis Fig. 3.5), exact participation probabilities, sigma = 0.6, p_avg/p_min = 3: "
         f"beta_opt = {PAPER_BETA_OPT:g}, gain over FedAvg Delta_0 = {PAPER_DELTA0:g} pp, gain over FedVARP "
@@ -157,75 +294,50 @@ def write_report(records: list[dict], out) -> list:
         "- Fig. 3: \"FedStale (beta = 0.5), without particular fine-tuning, consistently outperforms FedVARP in "
         "settings of moderate participation heterogeneity and improves over FedAvg as client data become "
         "heterogeneous (already at sigma >= 0.2).\" (no numbers in the text).\n",
-        f"Ours: Fashion-MNIST, N = {B['num_clients']} ({n_low} with p_min = {B['p_min']:g}, the others always on; "
-        f"Bernoulli, p known), the low group swaps a fraction sigma = {B['sigma']:g} of labels "
-        f"{B['swap_pair'][0]} and {B['swap_pair'][1]} (T-shirt/top, trouser) in its training and test shards, "
-        f"{B['rounds']} rounds (10 / p_min), a small CNN (width {B['width']}, hidden {B['hidden']}), batch "
-        f"{B['batch_size']}, lr {B['lr']:g} chosen on a pilot seed. Metric: mean accuracy on the union of the "
-        f"per-client test shards over the evaluations in the last {B['metric_window_rounds']} rounds (one every "
-        f"{B['eval_every']} rounds).\n",
+        "Metric: mean accuracy on the union of the per-client test shards over the evaluations in the last "
+        f"{V1_BASE['metric_window_rounds']} rounds (one every {V1_BASE['eval_every']} rounds), Fashion-MNIST.\n",
         "Decision rule per claim (paired over seeds, gain = acc(FedStale(beta)) - acc(baseline)): **reproduced** "
         "when the 95 % interval of the mean gain lies above 0 and the mean is at least half the paper's gain (or, "
         "where the paper gives no number, when the interval lies above 0); **partly reproduced** when above 0 but "
         "smaller; **direction only** when the mean is positive but the interval reaches 0; **not reproduced** when "
-        "the mean gain is 0 or negative; **pending** while a cell has fewer records than the protocol's seeds.\n",
+        "the mean gain is 0 or negative; **pending** while a cell has fewer records than the protocol's seeds. A "
+        "verdict whose interval is wider than the paper's effect says so: such a test could not have resolved "
+        "the paper's gain.\n",
     ]
-    summaries = []
-    protocols = sorted({r["protocol"] for r in records} | {PROTOCOL})
+    summaries: list = []
     fig, axes = harness.new_figure(ncols=2, width=5.0, height=3.6)
-    for protocol in protocols:
+    for k, (protocol, (seeds, cells)) in enumerate(PROTOCOLS.items()):
         recs = [r for r in records if r["protocol"] == protocol]
-        lines.append(f"## Results, protocol {protocol}: {SETTING}\n")
-        acc = {b: harness.by_seed(recs, final_acc, method=method_name(b)) for b in BETAS}
-        complete = {b: len(acc[b]) >= len(SEEDS) for b in BETAS}
-        rows = []
-        for b in BETAS:
-            rs = [r for r in recs if r["method"] == method_name(b)]
-            n = f"{len(rs)}/{len(SEEDS)}" + ("" if complete[b] else " (incomplete)")
-            low = harness.mean_ci([np.mean(r["metrics"]["received_low"]) for r in rs])
-            rows.append((_label(b), n, harness.fmt_ci(*harness.mean_ci(list(acc[b].values()))),
-                         harness.fmt_ci(*low, scale=1.0, digits=2)))
-        lines.append(harness.markdown_table(
-            ("method", "seeds", "test accuracy % (mean [95 % CI])", "low-group clients per round"), rows))
-        means = {b: harness.mean_ci(list(acc[b].values()))[0] for b in BETAS if acc[b]}
-        if means:
-            best = max(means, key=lambda b: means[b])
-            state = "" if all(complete.values()) else " (incomplete cells)"
-            lines.append(f"\nBest beta by mean accuracy: **{best:g}**{state} (paper: {PAPER_BETA_OPT:g}).\n")
-        lines.append("Paired differences (percentage points) and verdicts:\n")
-        prow = []
-        for cid, b, base, gain, where in CLAIMS:
-            mean, lo, hi, n = harness.paired(acc[b], acc[base])
-            ok = complete[b] and complete[base]
-            verdict = (harness.verdict_for_gain(lo, mean, hi, None if gain is None else gain / 100) if ok
-                       else "pending")
-            paper = "a gain (no number in the text)" if gain is None else f"+{gain:g} pp"
-            ours = harness.fmt_ci(mean, lo, hi, unit=" pp")
-            prow.append((cid, f"{_label(b)} - {_label(base)}", n, ours, paper, f"**{verdict}**"))
-            if protocol == PROTOCOL:
-                summaries.append(harness.Summary(f"{cid} {where}", paper, f"{ours} ({n} seeds)", verdict))
-        lines.append(harness.markdown_table(("claim", "difference", "seeds", "ours (mean [95 % CI])", "paper",
-                                             "verdict"), prow))
-        lines.append("")
+        lines.append(f"## Results, protocol {protocol} ({len(seeds)} seeds)\n")
+        settings = list(dict.fromkeys(cell.setting for cell in cells))
+        for setting in settings:
+            here = [cell for cell in cells if cell.setting == setting]
+            srecs = [r for r in recs if r["setting"] == setting]
+            lines += _setting_section(protocol, setting, here, seeds, srecs, summaries, setting == SETTING)
+        acc = {b: harness.by_seed(recs, final_acc, setting=SETTING, method=method_name(b)) for b in BETAS}
+        xs = [b for b in BETAS if acc[b]]
+        cis = [harness.mean_ci(list(acc[b].values())) for b in xs]
+        axes[0].errorbar([x + 0.01 * k for x in xs], [100 * m for m, _, _ in cis],
+                         yerr=[[100 * (m - lo) if lo == lo else 0 for m, lo, _ in cis],
+                               [100 * (hi - m) if hi == hi else 0 for m, _, hi in cis]], marker="o", capsize=3,
+                         label=f"protocol {protocol}")
         if protocol == PROTOCOL:
-            xs = [b for b in BETAS if acc[b]]
-            cis = [harness.mean_ci(list(acc[b].values())) for b in xs]
-            axes[0].errorbar(xs, [100 * m for m, _, _ in cis],
-                             yerr=[[100 * (m - lo) if lo == lo else 0 for m, lo, _ in cis],
-                                   [100 * (hi - m) if hi == hi else 0 for m, _, hi in cis]], marker="o", capsize=3)
             for b in xs:
-                rs = [r for r in recs if r["method"] == method_name(b)]
+                rs = [r for r in recs if r["setting"] == SETTING and r["method"] == method_name(b)]
                 curves = np.array([r["metrics"]["val_acc"] for r in rs])
                 axes[1].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), label=f"{_label(b)} (n={len(rs)})")
-    axes[0].set(title=f"{SETTING} (protocol {PROTOCOL})", xlabel="beta",
-                ylabel=f"test accuracy %, last {B['metric_window_rounds']} rounds (95 % CI)")
-    axes[1].set(title="test accuracy per round, mean over seeds", xlabel="round", ylabel="test accuracy %")
-    axes[1].legend(fontsize=7)
+    axes[0].set(title=SETTING, xlabel="beta",
+                ylabel=f"test accuracy %, last {V1_BASE['metric_window_rounds']} rounds (95 % CI)")
+    axes[0].legend(fontsize=7)
+    axes[1].set(title=f"protocol {PROTOCOL}: test accuracy per round, mean over seeds", xlabel="round",
+                ylabel="test accuracy %")
+    if axes[1].lines:
+        axes[1].legend(fontsize=7)
     harness.save_figure(fig, out_dir / "accuracy.png")
     lines += [
         "![accuracy against beta, and per round](fedstale/accuracy.png)\n",
         *harness.reproduce_section(records, (
-            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale          # the missing (cell, seed) records",
+            f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale --settings '{SETTING}'   # the CPU cells",
             "python scripts/reproduce.py report                                  # this page, from the records",
         )),
     ]
@@ -235,4 +347,4 @@ def write_report(records: list[dict], out) -> list:
 
 
 STUDY = harness.Study(name="fedstale", title="FedStale", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
-                      report=write_report, threads=1)
+                      report=write_report, threads=1, run_seeds=run_seeds)
