@@ -155,9 +155,26 @@ def provenance() -> dict:
         "commit": _git("rev-parse", "--short=10", "HEAD").strip() or "unknown",
         "dirty": dirty,
         "device": f"cpu ({os.cpu_count()} cores, {platform.machine()})",
+        "cpu": cpu_identity(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+def cpu_identity() -> str:
+    """The processor's model name and the instruction set torch dispatches its CPU kernels for (``AVX512``,
+    ``AVX2``, ...): two machines that differ here may round differently in the same code."""
+    import torch
+
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor() or "unknown"
+    return f"{model}; {torch.backends.cpu.get_cpu_capability()}"
 
 
 def write_record(path: Path, record: Record) -> None:
@@ -276,13 +293,34 @@ def rerun_canary(study: Study, root: Path = RESULTS) -> list[str]:
                 f"`python scripts/reproduce.py canary {study.name}`"]
     committed = json.loads(path.read_text())
     fresh = json.loads(json.dumps(run_canary(study), sort_keys=True, default=_jsonable))  # the record's JSON form
+    # Bit for bit on the processor the record was made on. Another processor may dispatch other kernels (oneDNN per
+    # instruction set) that round differently: there floats must agree within CANARY_TOLERANCE, the rest exactly.
+    exact = committed.get("cpu") == fresh.get("cpu")
     problems = []
     for key in CANARY_KEYS:
-        if committed.get(key) != fresh.get(key):
+        if not _agrees(committed.get(key), fresh.get(key), exact):
             detail = _first_difference(committed.get(key), fresh.get(key))
+            where = "" if exact else (f"; compared within {CANARY_TOLERANCE} on {fresh.get('cpu')}, "
+                                      f"not {committed.get('cpu')}")
             problems.append(f"{study.name}: canary {key} differs from the record made at {committed['commit']} "
-                            f"({detail})")
+                            f"({detail}{where})")
     return problems
+
+
+#: relative and absolute tolerance of a canary's floats when it is re-run on another processor
+CANARY_TOLERANCE = 1e-3
+
+
+def _agrees(a: Any, b: Any, exact: bool) -> bool:
+    if exact or isinstance(a, (bool, str)) or a is None:
+        return a == b
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(b, (int, float)) and abs(a - b) <= CANARY_TOLERANCE * (1.0 + abs(a))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(_agrees(a[k], b[k], exact) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_agrees(x, y, exact) for x, y in zip(a, b))
+    return a == b
 
 
 def _first_difference(a: Any, b: Any, where: str = "") -> str:

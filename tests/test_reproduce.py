@@ -152,3 +152,24 @@ def test_a_canary_rerun_is_silent_at_the_same_numbers_and_names_the_first_drifte
 def test_a_missing_canary_record_is_a_problem_that_says_how_to_write_it(tmp_path):
     (problem,) = harness.rerun_canary(CANARY_TOY, root=tmp_path)
     assert "no canary record" in problem and "reproduce.py canary toy" in problem
+
+
+def test_on_another_processor_a_canary_agrees_within_the_tolerance_and_still_names_a_real_drift(tmp_path):
+    import json
+
+    DRIFT["offset"] = 0.0
+    harness.write_canary(CANARY_TOY, root=tmp_path)
+    path = harness.canary_path(tmp_path, "toy")
+    record = json.loads(path.read_text())
+    record["cpu"] = "Some Other CPU; AVX2"
+    path.write_text(json.dumps(record))
+    DRIFT["offset"] = 1e-6  # rounding of another instruction set: within 1e-3 (1 + |x|)
+    assert harness.rerun_canary(CANARY_TOY, root=tmp_path) == []
+    DRIFT["offset"] = 0.01  # a real change of the numbers
+    (problem,) = harness.rerun_canary(CANARY_TOY, root=tmp_path)
+    assert "acc[0]: recorded 0.5, now 0.51" in problem and "compared within 0.001" in problem
+    record["data_checksum"] = "other data"
+    path.write_text(json.dumps(record))
+    DRIFT["offset"] = 0.0
+    (problem,) = harness.rerun_canary(CANARY_TOY, root=tmp_path)
+    assert "canary data_checksum differs" in problem  # the data must be the same bytes on any processor
