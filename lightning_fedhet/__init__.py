@@ -13,6 +13,7 @@ from lightning_fedhet import asynchronous  # noqa: F401  (registers the "fedast"
 from lightning_fedhet.algorithms import Algorithm, ClientInfo, FedAvg, RoundContext
 from lightning_fedhet.data import IID, Dirichlet, FederatedDataModule
 from lightning_fedhet.participation import Full, Participation, UniformSample
+from lightning_fedhet.spec import FederationSpec
 from lightning_fedhet.strategy import FedHetStrategy
 from lightning_fedhet.strategy_ddp import FedHetDDPStrategy
 
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FedHetStrategy",
     "FedHetDDPStrategy",
+    "FederationSpec",
     "FederatedDataModule",
     "Algorithm",
     "ClientInfo",

@@ -1,10 +1,12 @@
 """The federated configuration of a run as one flat, JSON-able dict, for every logger's hyper-parameters.
 
-``federated_config(strategy)`` answers "which federated experiment is this run?": strategy, server rule and its
-arguments, participation process and its arguments, selection, channel, local steps, engine, number of clients,
-partitioner and seed. Loggers get it as ``log_hyperparams({"fedhet": federated_config(...)})`` (see
-``lightning_fedhet.callbacks.RoundMetrics``), so W&B runs can be grouped by ``fedhet.algorithm``, TensorBoard shows
-``fedhet/algorithm`` and CSV runs carry it in ``hparams.yaml``.
+``federated_config(strategy)`` answers "which federated experiment is this run?": the strategy and every setting of
+its :class:`~lightning_fedhet.spec.FederationSpec` (server rule and its arguments, participation process and its
+arguments, selection, local steps, channel, latency model, deadline, number of clients, partitioner, engine, compile,
+seed, optimizer state, client weights, update bound and its action). Loggers get it as
+``log_hyperparams({"fedhet": federated_config(...)})`` (see ``lightning_fedhet.callbacks.RoundMetrics``), so W&B runs
+can be grouped by ``fedhet.algorithm``, TensorBoard shows ``fedhet/algorithm`` and CSV runs carry it in
+``hparams.yaml``.
 
 Values are ``str``, ``int``, ``float``, ``bool`` or ``None``, or short lists of numbers; objects appear as their
 ``repr`` (the library's heterogeneity models print their arguments) and long per-client vectors as a summary.
@@ -12,6 +14,7 @@ Values are ``str``, ``int``, ``float``, ``bool`` or ``None``, or short lists of 
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import re
 from collections.abc import Sequence
@@ -29,43 +32,56 @@ MAX_LIST = 16
 
 
 def federated_config(strategy: Any, datamodule: Any = None) -> dict[str, Any]:
-    """Flat description of the federated set-up of ``strategy`` (a ``FedHetStrategy``).
+    """Flat description of the federated set-up of ``strategy`` (a ``FedHetStrategy`` or ``FedHetDDPStrategy``):
+    every setting of its :class:`~lightning_fedhet.spec.FederationSpec`, one key each.
 
     Args:
-        strategy: the federated strategy; read through its public attributes ``algorithm``, ``participation``,
-            ``selection``, ``channel``, ``local_steps``, ``engine``, ``num_clients``, ``partitioner``, ``seed``.
-        datamodule: optional; when it is a ``FederatedDataModule`` and the strategy does not set
+        strategy: the federated strategy; read through ``strategy.spec`` (each field) and ``strategy.seed`` (the
+            run's seed, also when the spec leaves it to Lightning's global seed).
+        datamodule: optional; when it is a ``FederatedDataModule`` and the spec does not set
             ``num_clients``/``partitioner`` itself (the usual case), they are read from it.
 
     Returns:
         ``{"strategy", "algorithm", "algorithm.<arg>"..., "participation", "participation.args", "selection",
-        "channel", "local_steps", "engine", "num_clients", "partitioner", "seed"}`` (plus ``"partition_seed"``
-        when the split comes from a ``FederatedDataModule``).
+        "channel", "local_steps", ..., "seed"}``: ``"strategy"`` and one key per field of the spec (the rule's and
+        the participation process's arguments as extra keys), plus ``"partition_seed"`` when the split comes from a
+        ``FederatedDataModule``.
     """
-    algorithm = strategy.algorithm
-    config: dict[str, Any] = {
-        "strategy": type(strategy).__name__,
-        "algorithm": type(algorithm).__name__,
-    }
-    for key, value in algorithm.hparams().items():
-        config[f"algorithm.{key}"] = _jsonable(value)
-    config["participation"] = type(strategy.participation).__name__
-    config["participation.args"] = _call_args(repr(strategy.participation))
-    # None: the algorithm's own select() decides (all available clients unless the rule says otherwise)
-    config["selection"] = "algorithm" if strategy.selection is None else repr(strategy.selection)
-    config["channel"] = "lossless" if strategy.channel is None else repr(strategy.channel)
-    config["local_steps"] = _jsonable(strategy.local_steps)
-    config["engine"] = str(strategy.engine)
-    num_clients, partitioner = strategy.num_clients, strategy.partitioner
-    if isinstance(datamodule, FederatedDataModule):
-        num_clients = datamodule.num_clients if num_clients is None else num_clients
-        if partitioner is None:
-            partitioner = datamodule.partitioner
-            config["partition_seed"] = int(datamodule.seed)
-    config["num_clients"] = None if num_clients is None else int(num_clients)
-    config["partitioner"] = _partitioner(partitioner)
-    config["seed"] = None if strategy.seed is None else int(strategy.seed)
+    spec = strategy.spec
+    config: dict[str, Any] = {"strategy": type(strategy).__name__}
+    for field in dataclasses.fields(spec):
+        name = field.name
+        value = getattr(spec, name)
+        if name == "algorithm":
+            config["algorithm"] = type(value).__name__
+            for key, arg in value.hparams().items():
+                config[f"algorithm.{key}"] = _jsonable(arg)
+        elif name == "participation":
+            config["participation"] = type(value).__name__
+            config["participation.args"] = _call_args(repr(value))
+        elif name == "selection":
+            # None: the algorithm's own select() decides (all available clients unless the rule says otherwise)
+            config["selection"] = "algorithm" if value is None else repr(value)
+        elif name == "channel":
+            config["channel"] = "lossless" if value is None else repr(value)
+        elif name == "num_clients":
+            config["num_clients"] = _num_clients(value, datamodule)
+        elif name == "partitioner":
+            if value is None and isinstance(datamodule, FederatedDataModule):
+                value = datamodule.partitioner
+                config["partition_seed"] = int(datamodule.seed)
+            config["partitioner"] = _partitioner(value)
+        elif name == "seed":
+            config["seed"] = int(strategy.seed)
+        else:
+            config[name] = _jsonable(value)
     return config
+
+
+def _num_clients(num_clients: int | None, datamodule: Any) -> int | None:
+    if num_clients is None and isinstance(datamodule, FederatedDataModule):
+        num_clients = datamodule.num_clients
+    return None if num_clients is None else int(num_clients)
 
 
 def _call_args(text: str) -> str:

@@ -6,13 +6,14 @@ a plan is reproducible and independent of how (or whether) the cohort is then ex
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_int
 from lightning_fedhet.algorithms.base import Algorithm, RoundContext
 from lightning_fedhet.data.datamodule import dataset_labels
 from lightning_fedhet.data.streams import ClientStreams
@@ -36,7 +37,7 @@ class RoundPlan:
         duration: simulated seconds the round takes (0 without a latency model): the slowest arrived update,
             or the deadline when a trained client missed it.
         schedule: ``(client, local step)`` for every mini-batch of the round, clients in id order.
-        batches: dataset indices of each mini-batch of ``schedule``.
+        batches: dataset indices of each mini-batch of ``schedule`` (none when the clients train elsewhere).
         aggregation_probs: float64 ``[N]``, probability that each client's update is aggregated this round
             (see :meth:`RoundPlanner.aggregation_probs`), or ``None`` without a closed form.
         success_probs: float64 ``[N]``, probability that a selected client's update arrives this round (links and
@@ -77,39 +78,50 @@ class RoundPlanner:
     Args:
         participation: availability process (set up by this class).
         algorithm: server rule; its ``select`` is used when ``selection`` is None.
-        streams: per-client data streams.
+        streams: per-client data streams; ``None`` when the clients train elsewhere (then ``client_sizes`` gives
+            their sizes and plans draw no batches).
         local_steps: int, per-client array or per-round draw (see :func:`resolve_local_steps`).
         selection: optional selector with ``choose(available, rng) -> bool[N]`` (e.g. ``UniformSample(k)``).
         channel: optional lossy channel with ``downlink(round, mask)`` / ``uplink(round, mask)``.
         latency: optional latency model with ``sample(round, mask, local_steps) -> seconds[N]``.
         deadline: optional per-round deadline in simulated seconds; later clients' updates are dropped.
         seed: seed of every draw.
+        client_sizes: ``|D_i|`` of each client when there are no ``streams``.
     """
 
     def __init__(
         self,
         participation: Participation,
         algorithm: Algorithm,
-        streams: ClientStreams,
+        streams: ClientStreams | None = None,
         local_steps=1,
         selection=None,
         channel=None,
         latency=None,
         deadline: float | None = None,
         seed: int = 0,
+        client_sizes: Sequence[int] | None = None,
     ) -> None:
+        if (streams is None) == (client_sizes is None):
+            raise ValueError("RoundPlanner takes the clients' streams or their client_sizes (exactly one of them)")
+        if streams is None:
+            sizes = np.array([check_int(n, "client_sizes", 0) for n in client_sizes], dtype=np.int64)
+            sizes.flags.writeable = False
+        else:
+            sizes = streams.sizes
         self.participation = participation
         self.algorithm = algorithm
         self.streams = streams
+        #: ``|D_i|`` of each client, int64 ``[N]`` (read-only)
+        self.client_sizes = sizes
         self.local_steps = local_steps
         self.selection = selection
         self.channel = channel
         self.latency = latency
         self.clock = VirtualClock(deadline)
-        if deadline is not None and latency is None:
-            raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
+        check_deadline(deadline, latency)
         self.seed = int(seed)
-        self.num_clients = streams.num_clients
+        self.num_clients = len(sizes)
         if participation.needs_label_hist:
             participation.setup(self.num_clients, self.seed, label_hist=self.label_histograms())
         else:
@@ -129,7 +141,7 @@ class RoundPlanner:
             latency.setup(self.num_clients, self.seed)
         check_local_steps(local_steps)
         local_steps_for(local_steps, 0, self.num_clients, self.seed)  # validate lengths early
-        self.has_data = torch.from_numpy(streams.sizes > 0)
+        self.has_data = torch.from_numpy(sizes > 0)
 
     def plan(self, round: int, probe: Callable[[int, Tensor], Tensor] | None = None) -> RoundPlan:
         """Draw round ``round``'s plan.
@@ -187,11 +199,16 @@ class RoundPlanner:
         for client in plan.trained_ids:
             k = int(steps[client])
             plan.schedule += [(client, step) for step in range(k)]
-            plan.batches += self.streams.batch_indices(round, client, k)
+            if self.streams is not None:
+                plan.batches += self.streams.batch_indices(round, client, k)
         return plan
 
     def label_histograms(self) -> np.ndarray:
         """Per-client label counts ``[N, C]`` (for label-correlated participation recipes)."""
+        if self.streams is None:
+            raise ValueError(
+                "this participation recipe needs the clients' labels, but the server knows only their sizes"
+            )
         labels = dataset_labels(self.streams.dataset)
         if labels is None:
             raise ValueError("this participation recipe needs labels, but the training dataset exposes none")
@@ -270,6 +287,12 @@ class RoundPlanner:
             local_steps=torch.from_numpy(plan.local_steps),
             availability_probs=plan.availability_probs,
         )
+
+
+def check_deadline(deadline: float | None, latency) -> None:
+    """A deadline is measured on the latency model's clock: refuse one without it."""
+    if deadline is not None and latency is None:
+        raise ValueError("deadline needs a latency model (latency=ShiftedExponential(...))")
 
 
 Federation = RoundPlanner  # the name of earlier releases

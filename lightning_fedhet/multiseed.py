@@ -16,13 +16,13 @@ global model (validate or test it with an ordinary ``Trainer``), the history, pe
 an ``evaluate`` callback made at chosen rounds::
 
     from lightning.pytorch import Trainer
-    from lightning_fedhet import FedHetStrategy, FederatedDataModule
+    from lightning_fedhet import FederatedDataModule, FederationSpec
     from lightning_fedhet.multiseed import fit_seeds
 
     def build(seed):
         model = MyModule()                      # after seed_everything(seed): seed's own initial model
-        strategy = FedHetStrategy(algorithm=FedAvg(), participation=Bernoulli(0.5), local_steps=5, seed=seed)
-        return model, datamodule, strategy     # the same datamodule object for every seed: one gather per step
+        spec = FederationSpec(algorithm=FedAvg(), participation=Bernoulli(0.5), local_steps=5, seed=seed)
+        return model, datamodule, spec          # the same datamodule object for every seed: one gather per step
 
     def evaluate(module, seed, round):          # every 10 rounds and after the last
         return Trainer(logger=False, enable_progress_bar=False).validate(module, datamodule, verbose=False)[0]
@@ -68,9 +68,10 @@ from lightning_fedhet.engines.vmap import (
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.history import round_metrics
 from lightning_fedhet.server import Server
+from lightning_fedhet.spec import FederationSpec
 from lightning_fedhet.strategy import FedHetStrategy
 
-Build = Callable[[int], tuple[pl.LightningModule, pl.LightningDataModule, FedHetStrategy]]
+Build = Callable[[int], tuple[pl.LightningModule, pl.LightningDataModule, FedHetStrategy | FederationSpec]]
 Evaluate = Callable[[pl.LightningModule, int, int], dict]
 
 
@@ -81,7 +82,8 @@ class SeedRun:
     Attributes:
         seed: the seed.
         module: the seed's LightningModule, holding its final global model (parameters, floating and integer buffers).
-        strategy: the seed's strategy as ``build`` made it (its arguments; it ran no Trainer).
+        strategy: the seed's strategy as ``build`` made it (a spec made into ``FedHetStrategy(spec=...)``); it ran
+            no Trainer.
         server: the seed's server (global vector, rule state, history).
         metrics: one dict per round: ``round`` (0-based), the ``round/...`` counts of
             :func:`~lightning_fedhet.history.round_metrics`, ``train_loss`` (mean training loss of the clients that
@@ -129,8 +131,9 @@ def fit_seeds(
 
     Args:
         build: ``build(seed) -> (module, datamodule, strategy)``, called once per seed right after
-            ``lightning.seed_everything(seed)``; ``strategy`` is a :class:`FedHetStrategy` whose seed is ``seed``
-            (its ``engine`` is not used: the seeds always train stacked in vmap cohorts; its ``compile`` is).
+            ``lightning.seed_everything(seed)``; ``strategy`` is a :class:`FedHetStrategy` or a
+            :class:`~lightning_fedhet.spec.FederationSpec` whose seed is ``seed`` (or ``None``, which takes it); its
+            ``engine`` is not used (the seeds always train stacked in vmap cohorts), its ``compile`` is.
         seeds: distinct ints, one federation each (``S >= 1``).
         rounds: communication rounds, ``>= 1``.
         eval_every: call ``evaluate`` after every ``eval_every`` rounds and after the last; ``None``: only after the
@@ -243,6 +246,8 @@ def _build_seed(build: Build, seed: int, device: torch.device) -> tuple[SeedRun,
     if not (isinstance(built, tuple) and len(built) == 3):
         raise TypeError(f"build(seed) must return (module, datamodule, strategy), got {type(built).__name__}")
     module, datamodule, strategy = built
+    if isinstance(strategy, FederationSpec):
+        strategy = FedHetStrategy(spec=strategy)
     if not isinstance(strategy, FedHetStrategy):
         raise TypeError(
             f"build({seed}) returned a {type(strategy).__name__}: fit_seeds runs FedHetStrategy configurations "

@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -107,9 +108,7 @@ class Server:
         max_update_norm: float | None = None,
         update_norm_action: str = "reject",
     ) -> None:
-        check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
-        check_choice(client_weights, "client_weights", CLIENT_WEIGHTS)  # a typo would otherwise run uniform weights
-        check_update_norm(max_update_norm, update_norm_action)
+        check_server_options(optimizer_state, client_weights, max_update_norm, update_norm_action)
         self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
         self.update_norm_action = update_norm_action
         self.global_ints = torch.zeros(0, dtype=torch.int64) if init_ints is None else init_ints.clone()
@@ -118,7 +117,7 @@ class Server:
         self.num_parameters = int(num_parameters)
         self.optimizer_state = optimizer_state
         self.global_vector = init_vector.detach().clone()
-        sizes = torch.tensor(planner.streams.sizes, dtype=torch.int64)
+        sizes = torch.tensor(planner.client_sizes, dtype=torch.int64)
         alpha = sizes.to(torch.float64) if client_weights == "samples" else None
         algorithm.setup(planner.num_clients, self.global_vector[: self.num_parameters], alpha, sizes)
         if algorithm.memory_bytes > LARGE_MEMORY_BYTES:
@@ -144,9 +143,14 @@ class Server:
 
     # ------------------------------------------------------------------ facts
     @property
-    def streams(self) -> ClientStreams:
-        """The clients' data streams."""
+    def streams(self) -> ClientStreams | None:
+        """The clients' data streams (``None`` when the clients train elsewhere and the server knows their sizes)."""
         return self.planner.streams
+
+    @property
+    def client_sizes(self) -> np.ndarray:
+        """``|D_i|`` of each client, int64 ``[N]`` (read-only numpy array)."""
+        return self.planner.client_sizes
 
     @property
     def num_clients(self) -> int:
@@ -255,7 +259,7 @@ class Server:
                     return False
                 delta = delta.clone()
                 delta[: self.num_parameters] *= self.max_update_norm / norm
-        num_samples = int(self.streams.sizes[client])
+        num_samples = int(self.client_sizes[client])
         info = ClientInfo(num_samples=num_samples, local_steps=int(self.plan.local_steps[client]), loss=float(loss))
         self.algorithm.add(client, delta[: self.num_parameters], info)
         per_submodel = self.algorithm.buffers_per_submodel
@@ -316,7 +320,7 @@ class Server:
         vector = self.global_vector.clone()
         vector[: self.num_parameters] = params.to(vector)
         # the sample weights of the buffers' average: |D_i| of every received client
-        weight = float(sum(int(self.streams.sizes[client]) for client in self._received))
+        weight = float(sum(int(self.client_sizes[client]) for client in self._received))
         if self._buffer_sum is not None and weight > 0:
             vector[self.num_parameters :] += _weighted_mean(self._buffer_sum, weight, self._buffer_weight).to(vector)
         if self._int_sum is not None and weight > 0:
@@ -382,8 +386,13 @@ def _weighted_mean(total: Tensor, weight: float, per_entry: Tensor | None) -> Te
     return torch.where(per_entry > 0, total / per_entry.clamp_min(1.0), torch.zeros_like(total))
 
 
-def check_update_norm(max_update_norm: float | None, update_norm_action: str) -> None:
-    """Validate the robustness options (each error names the parameter and the allowed range)."""
+def check_server_options(
+    optimizer_state: str, client_weights: str, max_update_norm: float | None, update_norm_action: str
+) -> None:
+    """Validate the server's options (each error names the parameter and the allowed values); the one check of
+    them, run by the :class:`Server` and, before any work, by :class:`~lightning_fedhet.spec.FederationSpec`."""
+    check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
+    check_choice(client_weights, "client_weights", CLIENT_WEIGHTS)  # a typo would otherwise run uniform weights
     check_choice(update_norm_action, "update_norm_action", UPDATE_NORM_ACTIONS)
     if max_update_norm is not None:
         if isinstance(max_update_norm, bool) or not isinstance(max_update_norm, (int, float)):

@@ -21,6 +21,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.participation.base import Participation
+from lightning_fedhet.spec import FederationSpec, spec_from_arguments
 from lightning_fedhet.strategy_base import FederatedStrategyMixin
 
 
@@ -58,8 +59,12 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         update_norm_action: ``"reject"`` (such an update is rejected and counted, like a non-finite one) or
             ``"clip"`` (it is scaled down to the bound).
         device: the device clients train on.
+        spec: the federation's settings as one :class:`~lightning_fedhet.spec.FederationSpec` (then leave the
+            arguments above, ``device`` excepted, at their defaults): ``FedHetStrategy(spec=FederationSpec(...))``.
 
     Attributes:
+        spec: the run's :class:`~lightning_fedhet.spec.FederationSpec` (the arguments above are read from it:
+            ``strategy.local_steps`` is ``strategy.spec.local_steps``).
         server: the run's :class:`~lightning_fedhet.server.Server` (``None`` before fitting).
         history: one dict per closed round (see :func:`lightning_fedhet.history.round_record`).
         rejected_total: client updates rejected as non-finite so far.
@@ -96,11 +101,13 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
         precision_plugin: Any = None,
+        *,
+        spec: FederationSpec | None = None,
     ) -> None:
         super().__init__(
             device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
         )
-        self._init_federation(
+        settings = dict(
             algorithm=algorithm,
             participation=participation,
             local_steps=local_steps,
@@ -118,6 +125,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
             max_update_norm=max_update_norm,
             update_norm_action=update_norm_action,
         )
+        self._init_federation(spec_from_arguments(spec, FedHetStrategy.__init__, settings))
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:

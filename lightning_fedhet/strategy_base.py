@@ -1,11 +1,11 @@
 """The Lightning plumbing every federated strategy shares (one process and many).
 
 :class:`FederatedStrategyMixin` is mixed in before a Lightning strategy class (``SingleDeviceStrategy`` for
-:class:`~lightning_fedhet.strategy.FedHetStrategy`, ``DDPStrategy`` for ``FedHetDDPStrategy``). It validates and keeps
-the federation's arguments, builds the :class:`~lightning_fedhet.server.Server` and binds the engine when Lightning
-hands over the train dataloader, forwards Lightning's batch hooks to the engine, swaps the global model in for
-validation inside a round, and carries the server's state in checkpoints. ``_RoundLoader`` makes each Lightning epoch
-one round; ``_RoundHooks`` ties the rounds to Lightning's batch and epoch hooks.
+:class:`~lightning_fedhet.strategy.FedHetStrategy`, ``DDPStrategy`` for ``FedHetDDPStrategy``). It keeps the run's
+:class:`~lightning_fedhet.spec.FederationSpec`, has it build the :class:`~lightning_fedhet.server.Server` and binds the
+engine when Lightning hands over the train dataloader, forwards Lightning's batch hooks to the engine, swaps the global
+model in for validation inside a round, and carries the server's state in checkpoints. ``_RoundLoader`` makes each
+Lightning epoch one round; ``_RoundHooks`` ties the rounds to Lightning's batch and epoch hooks.
 """
 
 from __future__ import annotations
@@ -24,26 +24,17 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_fedhet._checks import check_choice
 from lightning_fedhet._third_party import quiet_third_party_notices
-from lightning_fedhet.algorithms.base import Algorithm
-from lightning_fedhet.algorithms.fedavg import FedAvg
-from lightning_fedhet.assembly import build_server, check_arguments
 from lightning_fedhet.callbacks.round_metrics import RoundMetrics
 from lightning_fedhet.config_summary import federated_config
 from lightning_fedhet.engines.auto import EngineChoice, choose_engine, trial_batch, vmap_trial
 from lightning_fedhet.engines.base import Engine, EngineBatch
 from lightning_fedhet.engines.sequential import SequentialEngine
-from lightning_fedhet.engines.vmap import VmapEngine
 from lightning_fedhet.flat import FlatModel
-from lightning_fedhet.participation.base import Participation
-from lightning_fedhet.participation.full import Full
-from lightning_fedhet.seeding import resolve_seed
-from lightning_fedhet.server import OPTIMIZER_STATES, Server
+from lightning_fedhet.server import Server
+from lightning_fedhet.spec import ENGINES, FederationSpec, SpecSetting
 
 quiet_third_party_notices()
-
-ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
 
 
 #: the module's and the datamodule's hooks that ``Strategy.batch_to_device`` calls
@@ -56,81 +47,47 @@ class FederatedStrategyMixin:
     Mixed in before a Lightning strategy class, whose methods it extends through ``super()``.
     """
 
-    def _init_federation(
-        self,
-        *,
-        algorithm: Algorithm | None,
-        participation: Participation | None,
-        local_steps: Any,
-        selection: Any,
-        channel: Any,
-        latency: Any,
-        deadline: float | None,
-        num_clients: int | None,
-        partitioner: Any,
-        engine: str,
-        compile: bool | str,
-        seed: int | None,
-        optimizer_state: str,
-        client_weights: str,
-        max_update_norm: float | None,
-        update_norm_action: str,
-    ) -> None:
-        """Validate and keep the federation's arguments (shared by the strategies' ``__init__``)."""
-        check_choice(engine, "engine", (*ENGINES, "auto"))
-        check_choice(optimizer_state, "optimizer_state", OPTIMIZER_STATES)
-        if engine != "auto" and optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
-            raise ValueError(f"optimizer_state='persist' is not supported by engine={engine!r}; use 'sequential'")
-        if compile is None and engine != "auto":
-            compile = False  # None lets engine='auto' decide; an explicit engine compiles only when asked
-        check_arguments(
-            local_steps=local_steps,
-            num_clients=num_clients,
-            seed=seed,
-            deadline=deadline,
-            latency=latency,
-            optimizer_state=optimizer_state,
-            client_weights=client_weights,
-            participation=participation,
-            channel=channel,
-            max_update_norm=max_update_norm,
-            update_norm_action=update_norm_action,
-        )
-        self.algorithm = algorithm if algorithm is not None else FedAvg()
-        self.participation = participation if participation is not None else Full()
-        self.local_steps = local_steps
-        self.selection = selection
-        self.channel = channel
-        self.latency = latency
-        self.deadline = deadline
-        self.num_clients = num_clients
-        self.partitioner = partitioner
-        self.engine = engine
-        self.seed_argument = seed
-        self.optimizer_state_mode = optimizer_state
-        self.client_weights = client_weights
-        self.max_update_norm = max_update_norm
-        self.update_norm_action = update_norm_action
+    spec: FederationSpec
+    # the spec's settings under the names the strategies always had (read-only: they are the spec's)
+    algorithm = SpecSetting()
+    participation = SpecSetting()
+    local_steps = SpecSetting()
+    selection = SpecSetting()
+    channel = SpecSetting()
+    latency = SpecSetting()
+    deadline = SpecSetting()
+    num_clients = SpecSetting()
+    partitioner = SpecSetting()
+    engine = SpecSetting()
+    compile = SpecSetting()
+    seed_argument = SpecSetting("seed")
+    optimizer_state_mode = SpecSetting("optimizer_state")
+    client_weights = SpecSetting()
+    max_update_norm = SpecSetting()
+    update_norm_action = SpecSetting()
+
+    def _init_federation(self, spec: FederationSpec) -> None:
+        """Keep the run's (checked) spec and prepare the engine (shared by the strategies' ``__init__``)."""
+        self.spec = spec
         self.server: Server | None = None
         self.flat: FlatModel | None = None
         self._plain_transfer = False  # set in setup(): no transfer hook is overridden
         self._epoch_steps = 0  # Lightning steps in the current epoch (round)
         self._warned_unreached_validation = False
-        self.compile = compile
-        if engine == "auto":
-            VmapEngine(compile=False if compile is None else compile)  # validates compile now, before any work
         #: what engine='auto' picked and why (None for an explicit engine, or before the fit's setup)
         self.engine_choice: EngineChoice | None = None
         self._pending_choice: EngineChoice | None = None
         # engine='auto' decides at setup; until then the sequential engine stands in
-        self._engine: Engine = SequentialEngine() if engine == "auto" else ENGINES[engine](compile=compile)
+        self._engine: Engine = (
+            SequentialEngine() if spec.engine == "auto" else ENGINES[spec.engine](compile=spec.compile)
+        )
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ public state
     @property
     def seed(self) -> int:
         """The seed of every draw: the explicit one, else Lightning's global seed, else 0."""
-        return resolve_seed(self.seed_argument)
+        return self.spec.run_seed()
 
     def federated_config(self) -> dict:
         """The federated experiment as a flat, JSON-able dict (logged as every logger's hyper-parameters)."""
@@ -156,27 +113,15 @@ class FederatedStrategyMixin:
     def build_server(
         self, module: pl.LightningModule, dataloader: object, datamodule: object
     ) -> tuple[Server, FlatModel]:
-        """The run's :class:`Server` (global model = ``module``'s current state, this strategy's federation and seed)
+        """The run's :class:`Server` (global model = ``module``'s current state, this strategy's spec and seed)
         and ``module``'s flat view, from Lightning's train ``dataloader`` and the ``datamodule`` (or None)."""
-        return build_server(
-            module,
-            dataloader,
-            datamodule,
-            algorithm=self.algorithm,
-            participation=self.participation,
-            local_steps=self.local_steps,
-            selection=self.selection,
-            channel=self.channel,
-            latency=self.latency,
-            deadline=self.deadline,
-            num_clients=self.num_clients,
-            partitioner=self.partitioner,
-            seed=self.seed,
-            client_weights=self.client_weights,
-            optimizer_state=self.optimizer_state_mode,
-            max_update_norm=self.max_update_norm,
-            update_norm_action=self.update_norm_action,
-        )
+        seed = self.seed
+        streams = self.spec.client_streams(dataloader, datamodule, seed)
+        flat = FlatModel(module)
+        with torch.no_grad():
+            init = flat.get()
+        server = self.spec.build_server(init, flat.num_parameters, seed, streams=streams, init_ints=flat.get_ints())
+        return server, flat
 
     # ------------------------------------------------------------------ Lightning plumbing
     def setup(self, trainer: pl.Trainer) -> None:

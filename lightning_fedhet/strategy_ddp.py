@@ -30,6 +30,7 @@ from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.distributed import PLACEMENTS, ProcessGroupComm
 from lightning_fedhet.engines.sharded import SHARDED_ENGINES, ShardedEngine
 from lightning_fedhet.participation.base import Participation
+from lightning_fedhet.spec import FederationSpec, spec_from_arguments
 from lightning_fedhet.strategy_base import FederatedStrategyMixin
 
 
@@ -48,6 +49,8 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         timeout: the process group's timeout for collectives.
         start_method: how Lightning starts the processes: ``"popen"`` (re-runs the script; torchrun and SLURM start
             them themselves), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
+        spec: the federation's settings as one :class:`~lightning_fedhet.spec.FederationSpec` instead of the
+            keyword arguments (its ``engine`` must not be ``"auto"``).
 
     Differences from one process:
 
@@ -94,6 +97,8 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: str = "popen",
+        *,
+        spec: FederationSpec | None = None,
     ) -> None:
         super().__init__(
             accelerator=accelerator,
@@ -105,18 +110,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             timeout=timeout,
             start_method=start_method,
         )
-        if engine == "auto":
-            raise ValueError(
-                "FedHetDDPStrategy takes engine='sequential' or 'vmap' (engine='auto' is FedHetStrategy's, one process)"
-            )
-        if placement is not None and placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS} or None, got {placement!r}")
-        if placement == "balanced" and optimizer_state == "persist":
-            raise ValueError(
-                "placement='balanced' cannot keep optimizer_state='persist': a client's optimizer state lives on the "
-                "process that trains it, so pass placement='by_client' (or None)"
-            )
-        self._init_federation(
+        settings = dict(
             algorithm=algorithm,
             participation=participation,
             local_steps=local_steps,
@@ -134,6 +128,20 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             max_update_norm=max_update_norm,
             update_norm_action=update_norm_action,
         )
+        if isinstance(spec, FederationSpec):  # checked already; what many processes refuse is checked here too
+            engine, optimizer_state = spec.engine, spec.optimizer_state
+        if engine == "auto":
+            raise ValueError(
+                "FedHetDDPStrategy takes engine='sequential' or 'vmap' (engine='auto' is FedHetStrategy's, one process)"
+            )
+        if placement is not None and placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS} or None, got {placement!r}")
+        if placement == "balanced" and optimizer_state == "persist":
+            raise ValueError(
+                "placement='balanced' cannot keep optimizer_state='persist': a client's optimizer state lives on the "
+                "process that trains it, so pass placement='by_client' (or None)"
+            )
+        self._init_federation(spec_from_arguments(spec, FedHetDDPStrategy.__init__, settings))
         if not self.algorithm.shares_rounds:
             raise TypeError(
                 f"{type(self.algorithm).__name__} does not declare how to merge a round split over processes: "

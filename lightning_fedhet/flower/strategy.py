@@ -30,10 +30,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import Tensor, nn
 
 from lightning_fedhet.algorithms.base import Algorithm
-from lightning_fedhet.algorithms.fedavg import FedAvg
-from lightning_fedhet.assembly import check_arguments
-from lightning_fedhet.data.streams import ClientStreams
-from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.flower.connected import ConnectedNodes
 from lightning_fedhet.flower.nodes import NodeMap
 from lightning_fedhet.flower.protocol import (
@@ -53,9 +49,9 @@ from lightning_fedhet.flower.protocol import (
     ModelCodec,
 )
 from lightning_fedhet.participation.base import Participation
-from lightning_fedhet.participation.full import Full
 from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import Server
+from lightning_fedhet.spec import FederationSpec, SpecSetting, spec_from_arguments
 
 log = logging.getLogger("flwr")  # Flower's logger: the messages appear with Flower's own
 
@@ -91,18 +87,32 @@ class FedHetFlowerStrategy(Strategy):
         max_update_norm, update_norm_action: the Server's robustness options (reject or clip large updates).
         evaluate_clients: send every round's global model to every connected client for ``evaluate`` (the
             clients' ``val_data_fn``); default ``False``.
+        spec: the settings above (``evaluate_clients`` excepted) as one :class:`~lightning_fedhet.spec.FederationSpec`
+            with ``num_clients`` set; what only a simulation has (a channel, a latency model, a deadline, a
+            partitioner, an engine, ``optimizer_state="persist"``) is refused.
 
     Attributes:
+        spec: the run's :class:`~lightning_fedhet.spec.FederationSpec`.
         server: the run's :class:`~lightning_fedhet.server.Server` (``None`` before :meth:`setup`).
         nodes: the :class:`NodeMap` (``None`` before :meth:`setup`).
     """
+
+    # the spec's settings under the names this strategy always had (read-only: they are the spec's)
+    algorithm = SpecSetting()
+    num_clients = SpecSetting()
+    participation = SpecSetting()
+    local_steps = SpecSetting()
+    selection = SpecSetting()
+    client_weights = SpecSetting()
+    max_update_norm = SpecSetting()
+    update_norm_action = SpecSetting()
 
     def __init__(
         self,
         module: nn.Module,
         algorithm: Algorithm | None = None,
         *,
-        num_clients: int,
+        num_clients: int | None = None,
         participation: Participation | None = None,
         local_steps: Any = 1,
         selection: Any = None,
@@ -111,49 +121,46 @@ class FedHetFlowerStrategy(Strategy):
         max_update_norm: float | None = None,
         update_norm_action: str = "reject",
         evaluate_clients: bool = False,
+        spec: FederationSpec | None = None,
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(
                 f"module must be a torch.nn.Module (the clients' architecture), got {type(module).__name__}"
             )
-        participation = participation if participation is not None else Full()
-        check_arguments(
-            local_steps=local_steps,
+        if spec is None and num_clients is None:
+            raise TypeError("FedHetFlowerStrategy needs num_clients= (the number of client nodes of the run)")
+        settings = dict(
+            algorithm=algorithm,
             num_clients=num_clients,
-            seed=seed,
-            deadline=None,
-            latency=None,
-            optimizer_state="reset",
-            client_weights=client_weights,
             participation=participation,
+            local_steps=local_steps,
+            selection=selection,
+            seed=seed,
+            client_weights=client_weights,
             max_update_norm=max_update_norm,
             update_norm_action=update_norm_action,
         )
-        if participation.needs_label_hist:
+        spec = spec_from_arguments(spec, FedHetFlowerStrategy.__init__, settings)
+        _refuse_simulated_settings(spec)
+        if spec.participation.needs_label_hist:
             raise ValueError(
-                f"participation={participation!r} needs every client's label histogram, which a Flower server does "
-                "not see: pass a process without it (Full, Bernoulli, Markov, Cyclic, Trace)"
+                f"participation={spec.participation!r} needs every client's label histogram, which a Flower server "
+                "does not see: pass a process without it (Full, Bernoulli, Markov, Cyclic, Trace)"
             )
-        self.module = module
-        self.algorithm = algorithm if algorithm is not None else FedAvg()
-        if self.algorithm.scales_client_lr:
+        if spec.algorithm.scales_client_lr:
             raise ValueError(
-                f"algorithm={self.algorithm!r} scales the clients' learning rate every round (calibrate='client'), "
+                f"algorithm={spec.algorithm!r} scales the clients' learning rate every round (calibrate='client'), "
                 "which the Flower bridge does not send to the nodes yet: use calibrate='server' or calibrate=False"
             )
-        self.num_clients = int(num_clients)
-        self.participation = participation
-        self.local_steps = local_steps
-        self.selection = selection
-        self.seed = resolve_seed(seed)
-        self.client_weights = client_weights
-        self.max_update_norm = max_update_norm
-        self.update_norm_action = update_norm_action
+        self.module = module
+        #: the run's :class:`~lightning_fedhet.spec.FederationSpec` (the settings above are read from it)
+        self.spec = spec
+        self.seed = resolve_seed(spec.seed)
         self.evaluate_clients = bool(evaluate_clients)
         self.codec = ModelCodec(module)
         self.server: Server | None = None
         self.nodes: NodeMap | None = None
-        self._availability = ConnectedNodes(participation)
+        self._availability = ConnectedNodes(spec.participation)
 
     # ------------------------------------------------------------------ public state
     @property
@@ -234,29 +241,16 @@ class FedHetFlowerStrategy(Strategy):
                 f"num_clients={self.num_clients} but the node map has {nodes.num_clients} clients and sizes has "
                 f"{len(sizes)} entries"
             )
-        # The server never sees the data: its streams know only the clients' sizes (|D_i|, the rules' n_i and the
-        # buffers' weights); the clients draw their own mini-batches with the same generators (client_batches).
-        streams = ClientStreams(
-            None, [np.arange(int(n), dtype=np.int64) for n in sizes], batch_size=1, seed=self.seed
-        )
-        planner = RoundPlanner(
-            participation=self._availability,
-            algorithm=self.algorithm,
-            streams=streams,
-            local_steps=self.local_steps,
-            selection=self.selection,
-            seed=self.seed,
-        )
+        # The server never sees the data, only the clients' sizes (|D_i|, the rules' n_i and the buffers' weights);
+        # the clients draw their own mini-batches with the simulation's generators (client_batches).
         vector, ints = self.codec.from_record(initial_arrays)
-        server = Server(
-            planner,
-            self.algorithm,
+        server = self.spec.build_server(
             vector,
             self.codec.flat.num_parameters,
-            client_weights=self.client_weights,
+            self.seed,
+            client_sizes=sizes,
             init_ints=ints,
-            max_update_norm=self.max_update_norm,
-            update_norm_action=self.update_norm_action,
+            participation=self._availability,
         )
         optimizer = _first_optimizer(self.module)
         if optimizer is not None:
@@ -385,6 +379,35 @@ class FedHetFlowerStrategy(Strategy):
                  self.selection)
         log.info("\t└── Local steps: %r, seed %d, client weights %r", self.local_steps, self.seed,
                  self.client_weights)
+
+
+#: what a Flower run takes as it is (the nodes' links, their timing, their data and their own training), with the
+#: only value of each setting a spec for it may hold
+_SIMULATED_SETTINGS = {
+    "channel": None,
+    "latency": None,
+    "deadline": None,
+    "partitioner": None,
+    "engine": "sequential",
+    "compile": False,
+    "optimizer_state": "reset",
+}
+
+
+def _refuse_simulated_settings(spec: FederationSpec) -> None:
+    """Refuse a spec that sets what only a simulation has: the Flower run would silently not do it."""
+    if spec.num_clients is None:
+        raise ValueError("FedHetFlowerStrategy needs the spec's num_clients (the number of client nodes of the run)")
+    set_here = []
+    for name, only in _SIMULATED_SETTINGS.items():
+        value = getattr(spec, name)
+        if (value is not None) if only is None else (value != only):
+            set_here.append(f"{name}={value!r}")
+    if set_here:
+        raise ValueError(
+            f"FedHetFlowerStrategy cannot simulate {', '.join(set_here)}: on Flower the links, the timing, the data "
+            "and the clients' training are the nodes' own; leave these settings at their defaults"
+        )
 
 
 def weighted_metrics(records: list[MetricRecord]) -> MetricRecord | None:

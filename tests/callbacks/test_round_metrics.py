@@ -1,6 +1,7 @@
 """RoundMetrics: round/* in callback_metrics (monitorable), logged once per round, federated config logged."""
 
 import csv
+import dataclasses
 import warnings
 
 import numpy as np
@@ -12,10 +13,10 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_fedhet.callbacks import RoundMetrics, round_metrics
 from torch.utils.data import TensorDataset
 
-from lightning_fedhet import IID, FedAvg, FederatedDataModule, FedHetStrategy, Full, UniformSample
+from lightning_fedhet import IID, FedAvg, FederatedDataModule, FederationSpec, FedHetStrategy, Full, UniformSample
 from lightning_fedhet.config_summary import federated_config
 from lightning_fedhet.participation import Bernoulli
-from lightning_fedhet.system import LossyChannel
+from lightning_fedhet.system import LossyChannel, ShiftedExponential
 from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 # TinyClassifier(5 features, 3 classes): 5*3 weights + 3 biases, float32
@@ -143,12 +144,41 @@ def test_federated_config_goes_to_log_hyperparams(tmp_path):
         "selection": "algorithm",
         "channel": "lossless",
         "local_steps": 2,
+        "latency": None,
+        "deadline": None,
         "engine": "sequential",
+        "compile": False,
         "num_clients": 8,
         "partitioner": "IID()",
         "partition_seed": 0,
         "seed": 7,
+        "optimizer_state": "reset",
+        "client_weights": "uniform",
+        "max_update_norm": None,
+        "update_norm_action": "reject",
     }
+
+
+def test_every_setting_of_the_spec_is_logged(tmp_path):
+    # A new FederationSpec field that federated_config leaves out fails here: each setting has its own key in the
+    # loggers' hyper-parameters (set to a value other than its default, so a key logged from elsewhere cannot pass).
+    spec = FederationSpec(
+        algorithm=FedAvg(server_lr=0.5), participation=Bernoulli(0.5), local_steps=2,
+        selection=UniformSample(2), channel=LossyChannel(uplink=0.1), latency=ShiftedExponential(),
+        deadline=3.0, num_clients=8, partitioner=IID(), engine="sequential", compile=False, seed=3,
+        optimizer_state="persist", client_weights="samples", max_update_norm=5.0, update_norm_action="clip",
+    )
+    logger = CSVLogger(tmp_path)
+    trainer = quiet_trainer(strategy=FedHetStrategy(spec=spec), max_epochs=1, logger=logger)
+    trainer.fit(TinyClassifier(), datamodule=_datamodule())
+    with open(f"{logger.log_dir}/hparams.yaml") as f:
+        logged = yaml.safe_load(f)["fedhet"]
+    settings = {field.name for field in dataclasses.fields(FederationSpec)}
+    assert settings <= set(logged), sorted(settings - set(logged))
+    assert (logged["latency"], logged["deadline"]) == (repr(spec.latency), 3.0)
+    assert (logged["optimizer_state"], logged["client_weights"]) == ("persist", "samples")
+    assert (logged["max_update_norm"], logged["update_norm_action"]) == (5.0, "clip")
+    assert (logged["selection"], logged["num_clients"], logged["partitioner"]) == ("UniformSample(k=2)", 8, "IID()")
 
 
 def test_federated_config_of_a_plain_datamodule_setup():

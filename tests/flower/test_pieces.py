@@ -11,6 +11,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from flwr.app import ArrayRecord, MetricRecord  # noqa: E402
 
+from lightning_fedhet import FederationSpec  # noqa: E402
 from lightning_fedhet.algorithms import FedAvg, FedNova  # noqa: E402
 from lightning_fedhet.data.streams import ClientStreams  # noqa: E402
 from lightning_fedhet.flat import FlatModel  # noqa: E402
@@ -18,6 +19,7 @@ from lightning_fedhet.flower import ConnectedNodes, FedHetFlowerStrategy, ModelC
 from lightning_fedhet.flower.strategy import weighted_metrics  # noqa: E402
 from lightning_fedhet.participation import Bernoulli, Trace  # noqa: E402
 from lightning_fedhet.participation.recipes import LabelCorrelated  # noqa: E402
+from lightning_fedhet.system import LossyChannel  # noqa: E402
 from tests.helpers import TinyClassifier  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- NodeMap
@@ -157,7 +159,7 @@ def test_build_makes_the_server_from_the_initial_arrays_and_sizes():
     strategy = FedHetFlowerStrategy(TinyClassifier(), FedAvg(), num_clients=2, client_weights="samples")
     strategy.build(NodeMap([5, 6]), [3, 9], ArrayRecord(start.state_dict()))
     assert torch.equal(strategy.global_params, FlatModel(start).get())
-    assert strategy.server.streams.sizes.tolist() == [3, 9]
+    assert strategy.server.client_sizes.tolist() == [3, 9] and strategy.server.streams is None  # sizes, no data
     assert strategy.algorithm.client_weights.tolist() == [0.25, 0.75]  # 3/12, 9/12
     with pytest.raises(ValueError, match="sizes has 1 entries"):
         other = FedHetFlowerStrategy(TinyClassifier(), num_clients=2)
@@ -176,6 +178,22 @@ def test_build_makes_the_server_from_the_initial_arrays_and_sizes():
 def test_bad_arguments_are_refused_at_construction(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         FedHetFlowerStrategy(TinyClassifier(), **kwargs)
+
+
+def test_a_spec_is_taken_and_what_only_a_simulation_has_is_refused():
+    spec = FederationSpec(algorithm=FedAvg(), participation=Bernoulli(0.5), local_steps=3, num_clients=2, seed=4)
+    strategy = FedHetFlowerStrategy(TinyClassifier(), spec=spec)
+    assert strategy.spec is spec and strategy.algorithm is spec.algorithm
+    assert (strategy.num_clients, strategy.local_steps, strategy.seed) == (2, 3, 4)
+    with pytest.raises(ValueError, match=r"cannot simulate channel=LossyChannel\(.*\), optimizer_state='persist'"):
+        FedHetFlowerStrategy(TinyClassifier(), spec=FederationSpec(num_clients=2, channel=LossyChannel(0.1),
+                                                                   optimizer_state="persist"))
+    with pytest.raises(ValueError, match="needs the spec's num_clients"):
+        FedHetFlowerStrategy(TinyClassifier(), spec=FederationSpec())
+    with pytest.raises(TypeError, match="needs num_clients="):
+        FedHetFlowerStrategy(TinyClassifier())
+    with pytest.raises(TypeError, match="not both: got spec= and local_steps"):
+        FedHetFlowerStrategy(TinyClassifier(), local_steps=2, spec=spec)
 
 
 def test_module_must_be_a_torch_module():
