@@ -9,15 +9,14 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
 
+from lightning_fedhet.federated_run import FederatedRun
 
-def federated_strategy(trainer: pl.Trainer, owner: str) -> Any:
-    """``trainer.strategy`` if it is a federated strategy (``FedHetStrategy``, ``FedHetDDPStrategy``); a TypeError
-    naming ``owner`` otherwise."""
-    # Imported here, not at module level: the strategy itself inserts RoundMetrics, so it imports this package.
-    from lightning_fedhet.strategy_base import FederatedStrategyMixin
 
+def federated_strategy(trainer: pl.Trainer, owner: str) -> FederatedRun:
+    """``trainer.strategy`` if it is a federated strategy (``FedHetStrategy``, ``FedHetDDPStrategy``: a
+    :class:`~lightning_fedhet.federated_run.FederatedRun`); a TypeError naming ``owner`` otherwise."""
     strategy = trainer.strategy
-    if not isinstance(strategy, FederatedStrategyMixin):
+    if not isinstance(strategy, FederatedRun):
         raise TypeError(
             f"{owner} needs Trainer(strategy=FedHetStrategy(...)) or FedHetDDPStrategy(...), got "
             f"{type(strategy).__name__}"

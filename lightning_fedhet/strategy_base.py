@@ -26,13 +26,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_fedhet._third_party import quiet_third_party_notices
 from lightning_fedhet.callbacks.round_metrics import RoundMetrics
-from lightning_fedhet.config_summary import federated_config
 from lightning_fedhet.engines.auto import EngineChoice, choose_engine, trial_batch, vmap_trial
 from lightning_fedhet.engines.base import Engine, EngineBatch
 from lightning_fedhet.engines.sequential import SequentialEngine
+from lightning_fedhet.federated_run import FederatedRun
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.server import Server
-from lightning_fedhet.spec import ENGINES, FederationSpec, SpecSetting
+from lightning_fedhet.spec import ENGINES, FederationSpec
 
 quiet_third_party_notices()
 
@@ -41,30 +41,13 @@ quiet_third_party_notices()
 _TRANSFER_HOOKS = ("transfer_batch_to_device", "on_after_batch_transfer")
 
 
-class FederatedStrategyMixin:
+class FederatedStrategyMixin(FederatedRun):
     """The Lightning plumbing shared by :class:`FedHetStrategy` (one process) and ``FedHetDDPStrategy`` (many).
 
-    Mixed in before a Lightning strategy class, whose methods it extends through ``super()``.
+    Mixed in before a Lightning strategy class, whose methods it extends through ``super()``. The run's public
+    state (the spec's settings, ``history``, ``global_params``, ...) is
+    :class:`~lightning_fedhet.federated_run.FederatedRun`'s.
     """
-
-    spec: FederationSpec
-    # the spec's settings under the names the strategies always had (read-only: they are the spec's)
-    algorithm = SpecSetting()
-    participation = SpecSetting()
-    local_steps = SpecSetting()
-    selection = SpecSetting()
-    channel = SpecSetting()
-    latency = SpecSetting()
-    deadline = SpecSetting()
-    num_clients = SpecSetting()
-    partitioner = SpecSetting()
-    engine = SpecSetting()
-    compile = SpecSetting()
-    seed_argument = SpecSetting("seed")
-    optimizer_state_mode = SpecSetting("optimizer_state")
-    client_weights = SpecSetting()
-    max_update_norm = SpecSetting()
-    update_norm_action = SpecSetting()
 
     def _init_federation(self, spec: FederationSpec) -> None:
         """Keep the run's (checked) spec and prepare the engine (shared by the strategies' ``__init__``)."""
@@ -82,33 +65,6 @@ class FederatedStrategyMixin:
             SequentialEngine() if spec.engine == "auto" else ENGINES[spec.engine](compile=spec.compile)
         )
         self._pending_state: dict | None = None
-
-    # ------------------------------------------------------------------ public state
-    @property
-    def seed(self) -> int:
-        """The seed of every draw: the explicit one, else Lightning's global seed, else 0."""
-        return self.spec.run_seed()
-
-    def federated_config(self) -> dict:
-        """The federated experiment as a flat, JSON-able dict (logged as every logger's hyper-parameters)."""
-        return federated_config(self)
-
-    @property
-    def history(self) -> list[dict]:
-        return [] if self.server is None else self.server.history
-
-    @property
-    def rejected_total(self) -> int:
-        return 0 if self.server is None else self.server.rejected_total
-
-    @property
-    def next_round(self) -> int:
-        return 0 if self.server is None else self.server.next_round
-
-    @property
-    def global_params(self) -> torch.Tensor | None:
-        """The current global model as a flat vector ``[d]`` (parameters, then floating buffers); None before fit."""
-        return None if self.server is None else self.server.global_vector
 
     def build_server(
         self, module: pl.LightningModule, dataloader: object, datamodule: object
