@@ -1,4 +1,5 @@
-"""The FedAU study module (scripts/studies/fedau.py): the authors' partition, rotating test chunks, a 2-round run."""
+"""The FedAU study module (scripts/studies/fedau.py): the authors' partition, rotating test chunks, a 2-round run,
+and protocol v2's stacked-seed run (on the CPU here; its cells wait for a GPU)."""
 
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_rotating_chunks_walk_the_test_set_without_repeats_then_wrap():
 
 @pytest.mark.parametrize("pattern,method", [("cyclic", "FedAU (K=50)")])
 def test_run_cell_two_rounds_on_a_tiny_stand_in(pattern, method):
-    config = {**fedau.BASE, "pattern": pattern, "client_lr": 0.1, "server_lr": 1.0, "rounds": 2, "eval_every": 1,
+    config = {**fedau.V1_BASE, "pattern": pattern, "client_lr": 0.1, "server_lr": 1.0, "rounds": 2, "eval_every": 1,
               "eval_chunk": 20, "metric_window_rounds": 2, "synthetic_data": True}
     out = fedau.run_cell(harness.Cell(pattern, method, config), seed=0)
     m = out["metrics"]
@@ -50,3 +51,24 @@ def test_run_cell_two_rounds_on_a_tiny_stand_in(pattern, method):
     p = np.array(out["config"]["p"])
     assert len(p) == 50 and p.min() >= 0.0 and out["config"]["p_at_floor"] == int((p <= 0.02 + 1e-12).sum())
     assert all(0 <= r <= 50 for r in m["received"])
+
+
+def test_v2_stacked_seeds_on_the_cpu_give_each_seed_its_record_fields():
+    # Protocol v2's run on a tiny stand-in (the GPU script's --smoke path): every seed evaluated on the full test
+    # set at every eval_every rounds, the rounds and window the record needs, its own p_n and data checksum; the
+    # default device is CUDA, refused here with a message naming the GPU script.
+    cell = harness.Cell("bernoulli", "Average all", {**fedau.CELLS[2].config, "num_clients": 20, "rounds": 4,
+                                                      "eval_every": 2, "synthetic_data": True})
+    assert cell.config["eval_on"] == fedau.FULL_TEST_SET and cell.method == fedau.CELLS[2].method
+    outs = fedau.run_seeds(cell, [0, 1], device="cpu")
+    for out in outs:
+        assert out["metrics"]["round"] == [2, 4] and len(out["metrics"]["received"]) == 4
+        assert out["config"]["rounds"] == 4 and out["config"]["metric_window_rounds"] == 1
+        assert len(out["config"]["p"]) == 20 and len(out["data_checksum"]) == 64
+    assert outs[0]["data_checksum"] != outs[1]["data_checksum"]
+    assert fedau.run_seeds(cell, [0], device="cpu", rounds=2)[0]["metrics"]["round"] == [2]
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="wait for a GPU"):
+            fedau.run_seeds(cell, [0])

@@ -265,7 +265,7 @@ def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, rec
                    else "pending")
         half = (hi - lo) / 2
         resolves = "–" if gain is None or half != half else ("yes" if 100 * half < gain else "no")
-        if verdict not in ("pending", "reproduced", "partly reproduced") and resolves == "no":
+        if verdict in ("direction only", "not reproduced") and resolves == "no" and lo <= 0 <= hi:
             verdict += " (interval wider than the paper's effect)"
         paper = "a gain (no number in the text)" if gain is None else f"+{gain:g} pp"
         ours = harness.fmt_ci(mean, lo, hi, unit=" pp")
@@ -300,9 +300,9 @@ def write_report(records: list[dict], out) -> list:
         "when the 95 % interval of the mean gain lies above 0 and the mean is at least half the paper's gain (or, "
         "where the paper gives no number, when the interval lies above 0); **partly reproduced** when above 0 but "
         "smaller; **direction only** when the mean is positive but the interval reaches 0; **not reproduced** when "
-        "the mean gain is 0 or negative; **pending** while a cell has fewer records than the protocol's seeds. A "
-        "verdict whose interval is wider than the paper's effect says so: such a test could not have resolved "
-        "the paper's gain.\n",
+        "the mean gain is 0 or negative; **pending** while a cell has fewer records than the protocol's seeds. An "
+        "inconclusive verdict (interval around 0) whose interval is wider than the paper's effect says so: such a "
+        "test could not have resolved the paper's gain.\n",
     ]
     summaries: list = []
     fig, axes = harness.new_figure(ncols=2, width=5.0, height=3.6)
