@@ -16,61 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedhet.algorithms import (
-    DMAPL,
-    F3AST,
-    MIFA,
-    OS,
-    UDMAPL,
-    UPGAPL,
-    AdaFed,
-    CAFed,
-    CAFedAvg,
-    ClientInfo,
-    FedACS,
-    FedAU,
-    FedAvg,
-    FedNova,
-    FedStale,
-    FedVARP,
-    RoundContext,
-    SampledFedAvg,
-)
-from lightning_fedhet.algorithms.fedcis import FedCIS
-from lightning_fedhet.cis import CISTopology
+from lightning_fedhet.algorithms import ClientInfo, RoundContext
+from tests.algorithms.rules import NUM_CLIENTS, RULES
 from tests.algorithms.selection_rounds import F64, draw_system, offer_round
-
-
-def _star() -> CISTopology:
-    """Root 0 (exits 1-2) and five leaves (exit 1), requests at the leaves, a quarter forwarded to the root."""
-    return CISTopology([[1, 2, 3, 4, 5], [], [], [], [], []], [2, 1, 1, 1, 1, 1], arrival=[0.0] + [1.0] * 5,
-                       transfer_cap=[0.0] + [0.25] * 5)
-
-
-_MASKS = torch.tensor([[True, True, False], [True, False, True]])  # exit 1, exit 2 over the 3 coordinates
-
-RULES = {
-    "FedAvg-known_p": lambda: FedAvg(weighting="known_p"),
-    "FedAvg-samples": lambda: FedAvg(weighting="samples"),
-    "FedVARP": FedVARP,
-    "MIFA": MIFA,
-    "FedStale": lambda: FedStale(beta=0.5),
-    "FedAU": lambda: FedAU(K=3),
-    "UPGAPL": UPGAPL,
-    "DMAPL": DMAPL,
-    "UDMAPL": UDMAPL,
-    "FedNova": lambda: FedNova(momentum=0.5),
-    "FedNova-selected": lambda: FedNova(divisor="selected"),
-    "FedACS": lambda: FedACS(K=3, momentum=0.5),
-    "SampledFedAvg": lambda: SampledFedAvg(K=3),
-    "CAFedAvg": lambda: CAFedAvg(K=3),
-    "OS": lambda: OS(K=3),
-    "CAFed": lambda: CAFed(tau=0.0),
-    "AdaFed": AdaFed,
-    "F3AST": lambda: F3AST(k=3),
-    "FedCIS": lambda: FedCIS(_star(), p=0.3),
-    "FedCIS-root_local": lambda: FedCIS(_star(), p=0.3, aggregation_base="root_local", exit_masks=_MASKS),
-}
 
 
 def _combine(parts) -> None:
@@ -95,7 +43,7 @@ def _combine(parts) -> None:
                 part.tables[i][:] = union
 
 
-def _rounds(one, pair=(), rounds=8, n=6, d=3):
+def _rounds(one, pair=(), rounds=8, n=NUM_CLIENTS, d=3):
     """``rounds`` random rounds of ``one``; with a ``pair``, each round's clients also split over the two copies
     (client ``i`` to ``pair[i % 2]``), whose combined shares must close the round as ``one`` does."""
     p = np.array([0.9, 0.8, 0.6, 0.5, 0.3, 0.7])
@@ -125,7 +73,7 @@ def _rounds(one, pair=(), rounds=8, n=6, d=3):
 
 
 def _setup(algo):
-    algo.setup(6, torch.tensor([0.1, -0.2, 0.3], dtype=F64), torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0]))
+    algo.setup(NUM_CLIENTS, torch.tensor([0.1, -0.2, 0.3], dtype=F64), torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0]))
     return algo
 
 

@@ -12,7 +12,6 @@ simulate a case must refuse at setup with an error that names the cause and ``en
 
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import numpy as np
@@ -21,33 +20,14 @@ import torch
 from lightning_fedhet.model_zoo import early_exit_resnet18
 from torch.utils.data import TensorDataset
 
-import lightning_fedhet.algorithms as algorithms
 from lightning_fedhet import FederatedDataModule, FedHetStrategy
-from lightning_fedhet.algorithms import (
-    DMAPL,
-    F3AST,
-    MIFA,
-    OS,
-    UDMAPL,
-    UPGAPL,
-    AdaFed,
-    Algorithm,
-    CAFed,
-    CAFedAvg,
-    FedACS,
-    FedAU,
-    FedAvg,
-    FedCIS,
-    FedNova,
-    FedStale,
-    FedVARP,
-    SampledFedAvg,
-)
+from lightning_fedhet.algorithms import FedCIS
 from lightning_fedhet.cis import CISTopology
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
 from lightning_fedhet.engines.vmap import VmapUnsupported
 from lightning_fedhet.participation import Bernoulli, Markov
 from lightning_fedhet.system import LossyChannel, UniformSteps
+from tests.algorithms.rules import RULE_CLASSES, RULES
 from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 
 ROUNDS = 4
@@ -63,26 +43,26 @@ _hetero = dict(
 )
 _markov = dict(participation=lambda: Markov(p=0.5, lam=0.6), local_steps=lambda: 2)
 
-#: case name -> (algorithm factory, strategy settings)
+#: case name -> (algorithm factory from the shared list of rules, strategy settings)
 CASES = {
-    "FedAvg-known_p": (lambda: FedAvg(weighting="known_p"), _hetero),
-    "FedAvg-participating": (lambda: FedAvg(), _hetero),
-    "FedVARP": (lambda: FedVARP(), _hetero),
-    "MIFA": (lambda: MIFA(), _hetero),
-    "FedStale": (lambda: FedStale(beta=0.5), _hetero),
-    "FedAU": (lambda: FedAU(K=3), _hetero),
-    "UPGAPL": (lambda: UPGAPL(), _hetero),
-    "DMAPL": (lambda: DMAPL(), _hetero),
-    "UDMAPL": (lambda: UDMAPL(), _hetero),
-    "FedNova": (lambda: FedNova(momentum=0.5), _hetero),  # the module's SGD momentum (checked at setup)
-    "FedACS": (lambda: FedACS(K=4, momentum=0.5), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
-    "SampledFedAvg": (lambda: SampledFedAvg(K=4), dict(channel=_hetero["channel"])),
-    "CAFedAvg": (lambda: CAFedAvg(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
-    "OS": (lambda: OS(K=4), dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
-    "CAFed": (lambda: CAFed(tau=0.0), _markov),
-    "CAFed-probe": (lambda: CAFed(tau=0.0, loss_source="probe"), _markov),
-    "AdaFed": (lambda: AdaFed(), _markov),
-    "F3AST": (lambda: F3AST(k=3), _markov),
+    "FedAvg-known_p": (RULES["FedAvg-known_p"], _hetero),
+    "FedAvg-participating": (RULES["FedAvg"], _hetero),
+    "FedVARP": (RULES["FedVARP"], _hetero),
+    "MIFA": (RULES["MIFA"], _hetero),
+    "FedStale": (RULES["FedStale"], _hetero),
+    "FedAU": (RULES["FedAU"], _hetero),
+    "UPGAPL": (RULES["UPGAPL"], _hetero),
+    "DMAPL": (RULES["DMAPL"], _hetero),
+    "UDMAPL": (RULES["UDMAPL"], _hetero),
+    "FedNova": (RULES["FedNova"], _hetero),  # the module's SGD momentum (checked at setup)
+    "FedACS": (RULES["FedACS"], dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "SampledFedAvg": (RULES["SampledFedAvg"], dict(channel=_hetero["channel"])),
+    "CAFedAvg": (RULES["CAFedAvg"], dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "OS": (RULES["OS"], dict(channel=_hetero["channel"], local_steps=_hetero["local_steps"])),
+    "CAFed": (RULES["CAFed"], _markov),
+    "CAFed-probe": (RULES["CAFed-probe"], _markov),
+    "AdaFed": (RULES["AdaFed"], _markov),
+    "F3AST": (RULES["F3AST"], _markov),
     "FedCIS": "early-exit",  # its own model and data, below
 }
 
@@ -207,14 +187,10 @@ def test_vmap_with_batchnorm_matches_sequential(case: str):
     assert ((buffers != 0) & (buffers != 1)).any()  # running means/variances left their initial zeros and ones
 
 
-def test_every_exported_algorithm_has_a_case():
-    exported = {
-        name
-        for name, obj in vars(algorithms).items()
-        if inspect.isclass(obj) and issubclass(obj, Algorithm) and obj is not Algorithm
-    }
-    covered = {case.split("-")[0] for case in CASES}
-    assert exported <= covered, f"no engine contract case for {sorted(exported - covered)}"
+def test_every_rule_of_the_package_has_a_case():
+    covered = {FedCIS} | {type(case[0]()) for case in CASES.values() if case != "early-exit"}
+    missing = set(RULE_CLASSES) - covered
+    assert not missing, f"no engine contract case for {sorted(cls.__name__ for cls in missing)}"
 
 
 def test_vmap_refuses_per_client_configs_with_weight_decay():
