@@ -28,6 +28,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+from typing_extensions import override
 
 from lightning_fedhet.cis import CISTopology
 
@@ -241,13 +242,16 @@ class CISAccuracy(Callback):
                     pl_module.log(f"{prefix}cis_acc_node{i}", acc)
 
     # validation
+    @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
 
+    @override
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if not trainer.sanity_checking:
             self._collect(pl_module, outputs, batch)
 
+    @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             self._reset()
@@ -255,11 +259,14 @@ class CISAccuracy(Callback):
         self._finish(pl_module, "")
 
     # test
+    @override
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
 
+    @override
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._collect(pl_module, outputs, batch)
 
+    @override
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(pl_module, "test_")

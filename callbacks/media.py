@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_fedhet.data.datamodule import FederatedDataModule
 
@@ -41,6 +42,7 @@ class _MediaCallback(Callback):
         self.png = png
         self.written: list[Path] = []  # PNG files written so far
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         federated_strategy(trainer, type(self).__name__)
 
@@ -94,12 +96,14 @@ class ParticipationHeatmap(_MediaCallback):
         self.every_n_rounds = None if every_n_rounds is None else int(every_n_rounds)
         self.max_clients, self.max_rounds = int(max_clients), int(max_rounds)
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         history = self._history(trainer)
         if self.every_n_rounds and history and len(history) % self.every_n_rounds == 0:
             if trainer.max_epochs is None or len(history) < trainer.max_epochs:  # the last one is drawn at fit end
                 self._draw(trainer)
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._history(trainer):
             self._draw(trainer)
@@ -126,9 +130,11 @@ class WeightHistogram(_MediaCallback):
         super().__init__(png)
         self._seen = 0
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._seen = len(self._history(trainer))
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         history = self._history(trainer)
         if trainer.is_global_zero and wandb_loggers(trainer):
@@ -140,6 +146,7 @@ class WeightHistogram(_MediaCallback):
                     log_wandb(trainer, {"media/aggregation_weights": wandb.Histogram(values)}, record["round"] + 1)
         self._seen = len(history)
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         history = self._history(trainer)
         if history:
@@ -153,9 +160,11 @@ class _ValidationCurve(_MediaCallback):
         super().__init__(png)
         self.rows: list[tuple] = []
 
+    @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.rows = []
 
+    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self._collect(trainer, self._history(trainer))
@@ -194,6 +203,7 @@ class ExitAccuracyTable(_ValidationCurve):
         for exit_, accuracy in self.exit_metrics(trainer.callback_metrics, self.prefix).items():
             self.rows.append((len(history), exit_, accuracy))
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.rows:
             rank_zero_warn(
@@ -209,6 +219,7 @@ class ExitAccuracyTable(_ValidationCurve):
                                                        data=[list(r) for r in self.rows])
         self._emit(trainer, "exit_accuracy_plot", plots.exit_accuracy_figure(self.rows, f"{self.prefix}_acc"), extra)
 
+    @override
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         found = self.exit_metrics(trainer.callback_metrics, "test")
         if not found or not trainer.is_global_zero or not wandb_loggers(trainer):
@@ -240,6 +251,7 @@ class AccuracyVsSimTime(_ValidationCurve):
         if history and self.metric in metrics:
             self.rows.append((len(history), float(history[-1]["sim_time"]), float(metrics[self.metric])))
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.rows:
             rank_zero_warn(f"AccuracyVsSimTime saw no '{self.metric}' at any validation during fit.")
@@ -271,6 +283,7 @@ class RunSummary(_MediaCallback):
         super().__init__(png)
         self.summary: dict[str, Any] = {}
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         strategy = federated_strategy(trainer, type(self).__name__)
         history = strategy.history

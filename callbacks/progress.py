@@ -16,6 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
+from typing_extensions import override
 
 from ._common import federated_strategy
 
@@ -48,14 +49,17 @@ class RoundProgressBar(TQDMProgressBar):
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=False)
         self._round_postfix: dict[str, int] = {}
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         federated_strategy(trainer, type(self).__name__)
 
     @property
+    @override
     def train_description(self) -> str:
         return "Rounds"
 
+    @override
     def init_train_tqdm(self) -> Tqdm:
         """The round bar: total ``max_epochs`` (``None`` when unbounded), starting at the rounds already done."""
         trainer = self.trainer
@@ -73,16 +77,20 @@ class RoundProgressBar(TQDMProgressBar):
             bar_format=self.BAR_FORMAT,
         )
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.train_progress_bar = self.init_train_tqdm()
         self._round_postfix = {}
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         pass  # one bar for all rounds: nothing to reset
 
+    @override
     def on_train_batch_end(self, *_: Any) -> None:
         pass  # the bar counts rounds, not local steps
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         history = federated_strategy(trainer, type(self).__name__).history
         if history:
@@ -93,6 +101,7 @@ class RoundProgressBar(TQDMProgressBar):
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()
 
+    @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         return {**self._round_postfix, **super().get_metrics(trainer, pl_module)}
 
@@ -121,15 +130,19 @@ class RoundPrinter(Callback):
         self._start = 0.0
         self._validated = False
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         federated_strategy(trainer, type(self).__name__)
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
 
+    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._validated = not trainer.sanity_checking
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         history = federated_strategy(trainer, type(self).__name__).history
         if not history:

@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_fedhet.config_summary import federated_config
 from lightning_fedhet.history import round_metrics
@@ -56,6 +57,7 @@ class RoundMetrics(Callback):
         self._unlogged: list[dict] = []
         self._announced = False
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         federated_strategy(trainer, type(self).__name__)
         if stage == TrainerFn.FITTING:
@@ -63,9 +65,11 @@ class RoundMetrics(Callback):
             # once, with everything logged so far.
             self._announce(trainer)
 
+    @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._announce(trainer)  # when added after the setup hooks ran (no-op if setup announced already)
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == TrainerFn.FITTING:
             self._announced = False
@@ -87,6 +91,7 @@ class RoundMetrics(Callback):
                 # step_sync: rows without a "round" value (Lightning's own rows) take the latest one
                 run.define_metric("*", step_metric="round", step_sync=True)
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # rounds restored from a checkpoint were published by the run that trained them
         self._published = len(federated_strategy(trainer, type(self).__name__).history)
@@ -94,13 +99,16 @@ class RoundMetrics(Callback):
 
     # A round closes in the strategy's batch-end hook (or at the epoch's start when nobody trains). Its metrics
     # enter callback_metrics at the first of these hooks, before the round's validation and ModelCheckpoint.
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         self._publish(trainer)
 
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self._publish(trainer)
 
+    @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A validated round is logged in the validation's own row (same step, one row), through the module's
         # log so that Lightning's logger connector writes both together.
@@ -114,11 +122,13 @@ class RoundMetrics(Callback):
         pl_module.log_dict(self._row(trainer, record), on_step=False, on_epoch=True, batch_size=1)
         self._unlogged = []
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._publish(trainer)
         self._log_direct(trainer, self._unlogged)
         self._unlogged = []
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         history = federated_strategy(trainer, type(self).__name__).history
         if history and not any(len(record["received"]) for record in history):

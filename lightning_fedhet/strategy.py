@@ -18,6 +18,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
+from typing_extensions import override
 
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.participation.base import Participation
@@ -128,6 +129,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         self._init_federation(spec_from_arguments(spec, FedHetStrategy.__init__, settings))
 
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="Federated simulation of heterogeneous clients (lightning-fedhet)"

@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
 
 from lightning_fedhet._third_party import quiet_third_party_notices
 from lightning_fedhet.callbacks.round_metrics import RoundMetrics
@@ -80,6 +81,7 @@ class FederatedStrategyMixin(FederatedRun):
         return server, flat
 
     # ------------------------------------------------------------------ Lightning plumbing
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         if trainer.accumulate_grad_batches != 1:
             # accumulated gradients would leak from one client into the next
@@ -118,6 +120,7 @@ class FederatedStrategyMixin(FederatedRun):
             if not any(isinstance(c, RoundMetrics) for c in trainer.callbacks):
                 trainer.callbacks.insert(1, RoundMetrics())
 
+    @override
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer
         if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
@@ -169,6 +172,7 @@ class FederatedStrategyMixin(FederatedRun):
         self.engine_choice = choice
         rank_zero_info(choice.describe())
 
+    @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         if isinstance(batch, EngineBatch):  # the engine moves each piece when it uses it
             return batch
@@ -176,19 +180,24 @@ class FederatedStrategyMixin(FederatedRun):
             return move_data_to_device(batch, device or self.root_device)
         return super().batch_to_device(batch, device, dataloader_idx)
 
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._engine.on_batch_start()
 
+    @override
     def training_step(self, *args: Any, **kwargs: Any):
         batch, batch_idx = args[0], args[1]
         return self._engine.training_step(super().training_step, batch, batch_idx)
 
+    @override
     def on_validation_start(self) -> None:
         self._engine.hold_global()
 
+    @override
     def on_validation_end(self) -> None:
         self._engine.release_global()
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         if self.server is not None:
             checkpoint["fedhet"] = self._server_state()
@@ -198,6 +207,7 @@ class FederatedStrategyMixin(FederatedRun):
         """The server's state as checkpoints hold it."""
         return self.server.state_dict()
 
+    @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(checkpoint_path)
         if path.is_file() and path.stat().st_size == 0:
@@ -277,14 +287,18 @@ class _RoundHooks(Callback):
     def __init__(self, strategy: FederatedStrategyMixin) -> None:
         self.strategy = strategy
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.strategy.on_round_batch_end(outputs)
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.strategy.end_epoch(trainer)
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.strategy.end_partial_round()
 
+    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self.strategy.end_partial_round()

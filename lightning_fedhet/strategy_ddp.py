@@ -25,6 +25,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
 
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.distributed import PLACEMENTS, ProcessGroupComm
@@ -164,6 +165,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         return self._engine.placement
 
     # ------------------------------------------------------------------ Lightning plumbing
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         _refuse_step_collectives(self.lightning_module)
         super().setup(trainer)
@@ -172,6 +174,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             self._shared_seed = None
             self._shared_seed = int(self.broadcast(self.seed))
 
+    @override
     def configure_ddp(self) -> None:
         """No ``DistributedDataParallel`` wrapper; every process starts from rank 0's parameters and buffers."""
         if self.comm.world_size == 1:
@@ -180,6 +183,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             for tensor in itertools.chain(self.model.parameters(), self.model.buffers()):
                 dist.broadcast(tensor.data, src=0)
 
+    @override
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer
         fitting = trainer.state.fn == TrainerFn.FITTING and trainer.state.stage == RunningStage.TRAINING
@@ -203,6 +207,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             )
         return "by_client"
 
+    @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().training_step(*args, **kwargs)
         if out is None:
@@ -212,6 +217,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             return torch.zeros((), device=self.root_device, requires_grad=True)
         return out
 
+    @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         if self._engine.steps_module_optimizer:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -234,6 +240,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         return state
 
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         for name, start_method in (("fedhet_ddp", "popen"), ("fedhet_ddp_spawn", "spawn")):
             strategy_registry.register(

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from typing_extensions import override
 
 from lightning_fedhet.asynchronous.latency import Constant, as_request_latency
 from lightning_fedhet.asynchronous.module import MultiTaskModule
@@ -150,6 +151,7 @@ class FedASTStrategy(SingleDeviceStrategy):
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ Lightning plumbing
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         if trainer.accumulate_grad_batches != 1:
             raise ValueError(f"FedASTStrategy needs Trainer(accumulate_grad_batches=1), got "
@@ -161,6 +163,7 @@ class FedASTStrategy(SingleDeviceStrategy):
         if trainer.state.fn == TrainerFn.FITTING and not any(isinstance(c, _Hooks) for c in trainer.callbacks):
             trainer.callbacks.insert(0, _Hooks(self))
 
+    @override
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer
         if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
@@ -169,16 +172,19 @@ class FedASTStrategy(SingleDeviceStrategy):
             self._setup_server()
         return _EpochLoader(self)
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         if self.server is not None:
             checkpoint["fedast"] = self.server.state_dict()
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         self._pending_state = checkpoint.get("fedast")
         return checkpoint
 
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         request, step = self._schedule[batch_idx]
         if step == 0:
@@ -277,6 +283,7 @@ class FedASTStrategy(SingleDeviceStrategy):
         return metrics
 
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="Asynchronous simultaneous training of several models (FedAST)"
@@ -317,9 +324,11 @@ class _Hooks(Callback):
     def __init__(self, strategy: FedASTStrategy) -> None:
         self.strategy = strategy
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.strategy._end_step(batch_idx, outputs)
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         metrics = self.strategy.epoch_metrics()
         if not metrics or not trainer.loggers:
