@@ -116,7 +116,7 @@ class FederatedDataModule(pl.LightningDataModule):
         self.seed = int(seed)
         self.client_indices: list[np.ndarray] = split_dataset(train_dataset, partitioner, num_clients, self.seed)
         self.num_clients = len(self.client_indices)
-        if hasattr(partitioner, "swapped_labels"):
+        if isinstance(partitioner, Partitioner) and partitioner.swaps_labels:
             self.train_dataset = _relabel(
                 train_dataset, partitioner.swapped_labels(dataset_labels(train_dataset), self.client_indices, self.seed)
             )

@@ -48,12 +48,18 @@ def _check_labels(labels: Any, flatten: bool = True) -> np.ndarray:
 
 
 class Partitioner:
-    """Base class. Subclasses implement :meth:`split`; ``needs_labels`` says whether labels matter."""
+    """Base class. Subclasses implement :meth:`split`; ``needs_labels`` says whether labels matter, and
+    ``swaps_labels`` whether the clients train on labels that :meth:`swapped_labels` changes (label noise)."""
 
     needs_labels = True
+    swaps_labels = False
 
     def split(self, labels: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def swapped_labels(self, labels: np.ndarray, client_indices: list[np.ndarray], seed: int = 0) -> np.ndarray:
+        """The labels the clients train on; unchanged unless the partitioner ``swaps_labels``."""
+        return labels
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -250,6 +256,7 @@ class LabelSwap(Partitioner):
     """
 
     needs_labels = True
+    swaps_labels = True
 
     def __init__(
         self,

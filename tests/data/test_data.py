@@ -220,3 +220,20 @@ def test_label_swap_swaps_the_stated_fraction_per_client():
     assert np.array_equal(same.train_dataset.tensors[1].numpy(), labels)
     with pytest.raises(ValueError, match="fraction"):
         LabelSwap(1.5)
+
+
+def test_a_partitioner_declares_that_it_swaps_labels():
+    # the datamodule relabels for partitioners that say so (swaps_labels), not for any object with such a method
+    class Flip(IID):
+        swaps_labels = True
+
+        def swapped_labels(self, labels, client_indices, seed=0):
+            return 1 - labels
+
+    labels = np.tile([0, 1], 8)
+    ds = torch.utils.data.TensorDataset(torch.randn(16, 2), torch.as_tensor(labels))
+    assert not IID().swaps_labels and LabelSwap(0.5).swaps_labels
+    flipped = FederatedDataModule(ds, Flip(), num_clients=2)
+    assert np.array_equal(flipped.train_dataset.tensors[1].numpy(), 1 - labels)
+    assert FederatedDataModule(ds, IID(), num_clients=2).train_dataset is ds
+    assert np.array_equal(IID().swapped_labels(labels, [np.arange(16)]), labels)  # the base's no-op
