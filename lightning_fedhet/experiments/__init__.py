@@ -1,0 +1,97 @@
+"""Studies: methods x settings x seeds, run records, paired statistics and the pages they give.
+
+A study declares cells (a setting x a method, with a JSON-able configuration), seeds, and how one run trains;
+:func:`run_study` runs every missing (cell, seed) on a backend (in this process, seeds stacked with
+:func:`lightning_fedhet.multiseed.fit_seeds`, or Ray tasks on one machine or a cluster) and writes one JSON record
+each; :func:`report` turns the records into a page with mean and 95 % intervals per cell, paired differences and
+curves with bands; :func:`check` regenerates the page and compares it byte for byte. The console script
+``fedhet-study run | report | check STUDY`` does the same from a shell. See ``docs/experiments.md``.
+
+The common case is :func:`federated_study`: a ``build(cell, seed)`` function that returns the module, the data and
+the strategy, a dict of methods, the settings, the seeds and the metric. The statistics need scipy (the
+``[experiments]`` extra); the Ray backend needs Ray (the ``[ray]`` extra). Nothing in the rest of
+``lightning_fedhet`` imports this package.
+"""
+
+from lightning_fedhet.experiments.backends import Backend, InProcess, Outcome, Ray, Stacked, Task, execute
+from lightning_fedhet.experiments.federated import checksum, data_checksum, federated_study
+from lightning_fedhet.experiments.records import (
+    TIMING_KEYS,
+    Record,
+    load_failures,
+    load_records,
+    parse_seeds,
+    provenance,
+    record_path,
+    result_of,
+    write_record,
+)
+from lightning_fedhet.experiments.report import (
+    Claim,
+    Report,
+    check,
+    generate,
+    markdown_table,
+    new_figure,
+    report,
+    save_figure,
+)
+from lightning_fedhet.experiments.runner import RunReport, rerun_canary, run_canary, run_study, write_canary
+from lightning_fedhet.experiments.stats import (
+    VERDICTS,
+    by_seed,
+    direction,
+    fmt_ci,
+    mean_ci,
+    paired,
+    seeds_needed,
+    verdict_for_gain,
+)
+from lightning_fedhet.experiments.study import Cell, Study, Summary, load_study
+
+__all__ = [
+    "Study",
+    "Cell",
+    "Summary",
+    "load_study",
+    "federated_study",
+    "data_checksum",
+    "checksum",
+    "run_study",
+    "RunReport",
+    "run_canary",
+    "write_canary",
+    "rerun_canary",
+    "Backend",
+    "InProcess",
+    "Stacked",
+    "Ray",
+    "Task",
+    "Outcome",
+    "execute",
+    "Record",
+    "TIMING_KEYS",
+    "record_path",
+    "load_records",
+    "load_failures",
+    "write_record",
+    "result_of",
+    "provenance",
+    "parse_seeds",
+    "mean_ci",
+    "paired",
+    "by_seed",
+    "fmt_ci",
+    "direction",
+    "verdict_for_gain",
+    "seeds_needed",
+    "VERDICTS",
+    "Report",
+    "Claim",
+    "report",
+    "generate",
+    "check",
+    "markdown_table",
+    "new_figure",
+    "save_figure",
+]

@@ -1,0 +1,97 @@
+"""Statistics over seeds and the verdicts built on them.
+
+A cell is summarised by its mean and a two-sided Student-t interval over seeds (:func:`mean_ci`); two methods are
+compared by the differences over the seeds both ran (:func:`paired`), which removes what the seeds share (the data
+order, the participation draws, the initial model). scipy (the ``[experiments]`` extra) gives the t quantiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from lightning_fedhet.experiments.records import Record
+
+#: the verdicts a reproduction may reach, strongest first
+VERDICTS = ("reproduced", "partly reproduced", "direction only", "not reproduced", "not testable here")
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t interval of the mean: ``(mean, low, high)``.
+
+    One value gives ``(value, nan, nan)`` (no interval from one seed); none gives three NaNs.
+    """
+    from scipy import stats
+
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(arr.mean())
+    if arr.size == 1:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
+    return mean, mean - half, mean + half
+
+
+def by_seed(records: Iterable[Record], value: Callable[[Record], float], **match: object) -> dict[int, float]:
+    """``{seed: value(record)}`` over the records whose fields equal ``match`` (e.g. ``method="FedAU"``)."""
+    return {r["seed"]: float(value(r)) for r in records if all(r[k] == v for k, v in match.items())}
+
+
+def paired(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean and interval of ``a - b`` over the seeds both have, and that number of seeds."""
+    seeds = sorted(set(a) & set(b))
+    mean, lo, hi = mean_ci([a[s] - b[s] for s in seeds], level)
+    return mean, lo, hi, len(seeds)
+
+
+def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1, unit: str = "") -> str:
+    """``"72.9 [70.1, 75.6]"`` (``scale`` 100 turns fractions into percent or percentage points)."""
+    if math.isnan(mean):
+        return "–"
+    m = f"{scale * mean:.{digits}f}{unit}"
+    return m if math.isnan(lo) else f"{m} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
+
+
+def verdict_for_gain(lo: float, mean: float, hi: float, paper_gain: float | None = None,
+                     ratio: float = 0.5) -> str:
+    """The decision rule for "method A beats method B by about the paper's gain", from a paired interval.
+
+    - ``reproduced``: the interval lies above 0 and the mean gain is at least ``ratio`` x ``paper_gain``;
+    - ``partly reproduced``: the interval lies above 0 but the gain is smaller than that;
+    - ``direction only``: the mean gain is positive but the interval reaches 0;
+    - ``not reproduced``: the mean gain is 0 or negative;
+    - ``pending``: no paired seeds yet.
+    """
+    if math.isnan(mean):
+        return "pending"
+    if lo > 0:
+        return "reproduced" if paper_gain is None or mean >= ratio * paper_gain else "partly reproduced"
+    return "direction only" if mean > 0 else "not reproduced"
+
+
+def direction(lo: float, mean: float, hi: float) -> str:
+    """What a paired interval of ``a - b`` resolves: ``"higher"``, ``"lower"``, ``"not resolved"`` (it holds 0) or
+    ``"–"`` (fewer than two paired seeds)."""
+    if math.isnan(lo):
+        return "–"
+    if lo > 0:
+        return "higher"
+    if hi < 0:
+        return "lower"
+    return "not resolved"
+
+
+def seeds_needed(sd_paired: float, effect: float, level: float = 0.95, max_seeds: int = 1000) -> int | None:
+    """The fewest seeds ``n >= 2`` whose paired interval half-width ``t_{n-1} sd / sqrt(n)`` is below ``effect``
+    (a power analysis from a pilot's paired standard deviation); ``None`` if more than ``max_seeds`` are needed."""
+    from scipy import stats
+
+    if effect <= 0:
+        raise ValueError(f"effect must be > 0, got {effect}")
+    for n in range(2, max_seeds + 1):
+        if stats.t.ppf(0.5 + level / 2, n - 1) * sd_paired / math.sqrt(n) < effect:
+            return n
+    return None
