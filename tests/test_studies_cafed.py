@@ -31,8 +31,8 @@ def test_a_tiny_cell_runs_and_reports_its_curve_and_weight_shares(method):
         assert m["weight_share"][2:] == [0.0, 0.0]
 
 
-def test_every_cell_config_is_complete_and_uses_table_a2():
-    for cell in cafed.CELLS:
+def test_every_v1_cell_config_is_complete_and_uses_table_a2():
+    for cell in cafed.CELLS_V1:
         c = cell.config
         for key in ("gamma", "delta", "num_clients", "rounds", "local_steps", "batch_size", "local_lr", "server_lr",
                     "weight_decay", "availability", "rule", "eval_every", "final_window", "engine"):
@@ -40,7 +40,7 @@ def test_every_cell_config_is_complete_and_uses_table_a2():
         a2_local, a2_server = cafed.TABLE_A2[cell.method]
         assert c["server_lr"] == a2_server
         assert c["local_lr"] == pytest.approx(a2_local * c["local_lr_scale"])
-    assert {c.method for c in cafed.CELLS if c.setting == "rescaled"} == set(cafed.METHODS)
+    assert {c.method for c in cafed.CELLS_V1 if c.setting == "rescaled"} == set(cafed.METHODS)
 
 
 def _record(setting, method, seed, final, protocol="v1"):
@@ -69,7 +69,7 @@ def test_report_verdicts_follow_the_protocol_rules(tmp_path):
                     _record("rescaled", "Unbiased", seed, 0.73), _record("rescaled", "F3AST", seed, 0.60),
                     _record("rescaled", "More available", seed, 0.50)]
     summaries = cafed.write_report(records, tmp_path)
-    verdicts = {s.claim.split(":")[0]: s.verdict for s in summaries}
+    verdicts = {s.claim.split(":")[0].removeprefix("v1, "): s.verdict for s in summaries if s.claim.startswith("v1")}
     assert verdicts["C1"] == "reproduced"
     assert verdicts["C3"] == "not reproduced"
     assert verdicts["C2"].startswith("not reproduced (Unbiased")
@@ -109,3 +109,64 @@ def test_many_seeds_in_one_run_equal_the_seeds_run_one_at_a_time(method):
         assert m["trained_per_round"] == alone["trained_per_round"]
         assert m["available_per_round"] == alone["available_per_round"]
         assert m["weight_share"] == pytest.approx(alone["weight_share"], abs=1e-5)
+
+
+def test_v2_cells_use_the_authors_recipe():
+    assert {c.method for c in cafed.CELLS} == set(cafed.METHODS) and cafed.STUDY.protocol == "v2"
+    for cell in cafed.CELLS:
+        c = cell.config
+        assert c["availability"]["composition"] == "code" and c["data_seed"] == cafed.DATA_SEED
+        assert c["local_epochs"] == 2 and c["momentum"] == 0.9
+        assert c["server_optimizer"] == {"name": "SGD", "momentum": 0.9, "weight_decay": 1e-2}
+        assert (c["local_lr"], c["server_lr"]) == cafed.SETTINGS_V2["authors-recipe"][cell.method]
+        if cell.method == "CA-Fed":
+            assert (c["bias_factor"], c["strict"], c["kappa_bar_sq"]) == (1.0, False, 1.0)
+            assert c["probe_split"] == "whole training split" and c["f_star"] == "regularised per-client fit"
+
+
+def test_server_momentum_variant_equals_torch_sgd_on_the_pseudo_gradient():
+    # the authors' server: torch.optim.SGD(momentum, weight_decay) on -(sum_i q_i delta_i), momentum kept
+    import torch
+
+    from lightning_fedhet.algorithms import FedAvg
+    from lightning_fedhet.algorithms.base import ClientInfo
+
+    rule = cafed._variant(cafed.ServerMomentumSGD, FedAvg)(weighting="all", server_lr=0.5, server_momentum=0.9,
+                                                            server_weight_decay=0.01)
+    w0 = torch.tensor([1.0, -2.0, 3.0])
+    rule.setup(2, w0.clone(), torch.tensor([0.5, 0.5]))
+    param = torch.nn.Parameter(w0.clone())
+    sgd = torch.optim.SGD([param], lr=0.5, momentum=0.9, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(0)
+    for t in range(4):
+        deltas = [torch.randn(3, generator=gen) for _ in range(2)]
+        rule.open_round(t, None)
+        for i, d in enumerate(deltas):
+            rule.add(i, d, ClientInfo(num_samples=1, local_steps=1, loss=0.0))
+        new = rule.close_round()
+        param.grad = -(0.5 * deltas[0] + 0.5 * deltas[1])
+        sgd.step()
+        assert torch.allclose(new, param.data, atol=1e-6)
+
+
+def test_the_regularised_optimum_lies_below_the_loss_at_zero_and_the_whole_split_loss_is_exact():
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 60)
+    y[40:] = 1  # client 2 holds one class: F* = 0 by the authors' rule
+    parts = [np.arange(0, 20), np.arange(20, 40), np.arange(40, 60)]
+    f_star = cafed.regularised_optimum_losses(x, y, parts)
+    assert f_star[2] == 0.0 and all(0 < f < np.log(3) for f in f_star[:2])
+    rule = cafed._variant(cafed.FullSplitLossCAFed, cafed_rule())(train_x=torch.from_numpy(x),
+                                                                  train_y=torch.from_numpy(y), client_indices=parts)
+    rule.params = torch.zeros(3 * 5 + 3)
+    assert torch.allclose(rule.full_split_losses(), torch.full((3,), float(np.log(3)), dtype=torch.float64))
+
+
+def cafed_rule():
+    from lightning_fedhet.algorithms import CAFed
+
+    return CAFed

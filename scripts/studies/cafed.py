@@ -27,7 +27,7 @@ import harness
 import numpy as np
 import torch
 
-from studies import _train
+from studies import _power, _train
 
 # Thesis Table A.2 (Synthetic LEAF): local lr eta / server lr eta_s per method.
 TABLE_A2 = {
@@ -335,7 +335,9 @@ def run_seeds(cell: harness.Cell, seeds) -> list[dict]:
     from lightning_fedhet.multiseed import fit_seeds
 
     c = cell.config
-    if c["engine"] != "vmap":
+    if c["engine"] != "vmap" or "local_epochs" in c:
+        # local epochs: stacked seeds run in lock-step to the largest client's steps of any seed (measured on
+        # protocol v2's pilot: 5 stacked seeds cost 2.3x five single runs), so v2's seeds run one at a time
         return [run_cell(cell, seed) for seed in seeds]
     built: dict[int, tuple] = {}
 
@@ -364,8 +366,26 @@ SETTINGS = {
     # The thesis's Table A.2 learning rates as printed, for the methods of claims C1 and C3.
     "table-a2": {"CA-Fed": 1.0, "AdaFed": 1.0, "Unbiased": 1.0},
 }
-CELLS = tuple(harness.Cell(setting, m, make_config(m, scales[m])) for setting, scales in SETTINGS.items()
-              for m in METHODS if m in scales)
+CELLS_V1 = tuple(harness.Cell(setting, m, make_config(m, scales[m])) for setting, scales in SETTINGS.items()
+                 for m in METHODS if m in scales)
+
+#: Protocol v2: local / server learning rates per method, picked on pilot seed 100 from the thesis's grid in
+#: momentum-0.9 units (protocol v2, "Pilots").
+SETTINGS_V2 = {
+    "authors-recipe": {"CA-Fed": (0.003, 0.3), "AdaFed": (0.003, 0.1), "F3AST": (0.003, 0.1),
+                       "Unbiased": (0.003, 0.1), "More available": (0.003, 0.8)},
+}
+
+
+def config_v2(method: str, local_lr: float, server_lr: float, **overrides) -> dict:
+    """A v2 cell's configuration with the pilot's learning rates (Table A.2's are kept under ``table_a2_lr``)."""
+    return {**make_config_v2(method, 1.0, **overrides), "local_lr": local_lr, "server_lr": server_lr,
+            "local_lr_scale": None, "lr_source": "pilot grid (protocol v2)"}
+
+
+CELLS = tuple(harness.Cell(setting, m, config_v2(m, *lrs[m])) for setting, lrs in SETTINGS_V2.items()
+              for m in METHODS)
+SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(20))}
 
 
 def final_acc(record: dict) -> float:
@@ -377,10 +397,14 @@ def final_acc(record: dict) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-PRIMARY = "rescaled"
+PRIMARY = {"v1": "rescaled", "v2": "authors-recipe"}
 SETTING_TEXT = {
     "table-a2": "Table A.2's learning rates as printed (local / server)",
     "rescaled": "Table A.2's server learning rates; local learning rates = Table A.2 x the pilot's scale",
+    "authors-recipe": "the authors' released recipe: 3 availability groups, one dataset for every seed (uncapped), "
+                      "2 local epochs, client and server SGD with momentum 0.9 (server weight decay 1e-2), CA-Fed "
+                      "with the bias constant 1, ties accepted, oracle F* from a regularised per-client fit and "
+                      "losses on each client's whole training split; learning rates from the pilot grid",
 }
 # The claims, quoted as in protocol-v1.md (the paper's numbers, not ours).
 CLAIMS = {
@@ -426,8 +450,10 @@ def _plot_curves(records: list[dict], settings: list[str], path: Path, title: st
     harness.save_figure(fig, path)
 
 
-def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: int, out_name: str):
-    """The tables of one setting; returns the markdown and ``{claim: (ours text, verdict)}``."""
+def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: int, out_name: str,
+                     not_testable: dict[str, str] | None = None):
+    """The tables of one setting; returns the markdown and ``{claim: (ours text, verdict)}``. ``not_testable``: the
+    claims the power analysis rules out at ``n_seeds`` and their verdict text (the estimate is still shown)."""
     recs = [r for r in records if r["setting"] == setting]
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
     finals = {m: harness.by_seed(recs, final_acc, method=m) for m in methods}
@@ -478,11 +504,48 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         mean, lo, hi, n = diffs[worst]
         verdicts["C2"] = (f"smallest gap: CA-Fed − {worst} = " + harness.fmt_ci(mean, lo, hi, unit=" pp")
                           + f", {n} seeds", pending or _verdict_best(diffs))
+    for claim, text in (not_testable or {}).items():
+        if claim in verdicts:
+            verdicts[claim] = (verdicts[claim][0], text)
     verdicts = {k: verdicts[k] for k in CLAIMS if k in verdicts}
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
              harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
     return "\n".join(text), verdicts
+
+
+def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
+    """Protocol v2's power table from v1's `rescaled` records (the paired SD of CA-Fed - X) and the claims it rules
+    out at v2's planned seeds: ``(rows, {claim: "not testable here (needs n seeds)"})``."""
+    v1 = [r for r in records if r["protocol"] == "v1" and r["setting"] == "rescaled"]
+    finals = {m: harness.by_seed(v1, final_acc, method=m) for m in ("CA-Fed", "AdaFed", "Unbiased")}
+    planned = len(SEEDS_BY_PROTOCOL["v2"])
+    rows, ruled_out = [], {}
+    for claim, other, gain in (("C1", "AdaFed", PAPER_GAIN_ADAFED), ("C3", "Unbiased", PAPER_GAIN_UNBIASED)):
+        sd, n = _power.paired_sd(finals["CA-Fed"], finals[other])
+        rows.append(_power.power_row(f"{claim}: CA-Fed − {other}", sd, n, gain, planned))
+        need = _power.seeds_needed(sd, gain)
+        if need is None or need > planned:
+            ruled_out[claim] = f"not testable here (needs {_power.needed_text(need)} seeds)"
+    return rows, ruled_out
+
+
+SETTING_V1_TEXT = (
+    "LEAF Synthetic(0.5, 0.5), N = 100 clients, multinomial logistic regression with ridge 1e-2 (SGD weight "
+    "decay), T = 200 rounds, K = 5 local SGD steps of batch 32, alpha_i = |D_i|/|D|; availability: independent "
+    "two-state Markov chains, 4 x 25 clients with pi in {0.9, 0.1} x lambda in {0.9, N(0, 1e-4)}; every rule "
+    "gets the true pi (CA-Fed also lambda); data regenerated per seed. Metric: test accuracy on the pooled "
+    "per-client test splits (= the alpha-weighted mean of the clients' accuracies), evaluated every 5 rounds; "
+    "*final* = the mean over the evaluations in the last 10 % of rounds (rounds 185-200). Intervals: 95 % "
+    "Student-t over seeds; differences are paired over the same seeds.\n")
+SETTING_V2_TEXT = (
+    "As v1 except (protocol v2 lists each change and why): one dataset for every seed (data seed 0, whose client "
+    "sizes stay below the generator's 10,000 cap, max 8,328), the released code's 3 availability groups (50 "
+    "more-available weakly correlated, 25 less-available correlated, 25 less-available weakly correlated), 2 local "
+    "epochs (2 ceil(|D_i|/32) steps, 18 on average, up to 470), client SGD momentum 0.9 (reset each round), the "
+    "server's SGD with momentum 0.9 and weight decay 1e-2, CA-Fed with the released constants and inputs (bias "
+    "constant 1, ties accepted, F* from a regularised per-client fit, losses on the whole training split), "
+    "learning rates from a pilot grid; seeds 0-19.\n")
 
 
 def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
@@ -491,39 +554,43 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
     lines = [
         "# CA-Fed under correlated availability (thesis ch. 2, Fig. 2.1a and Fig. 2.3)\n",
         "Generated by `python scripts/reproduce.py report` from the run records in "
-        f"`records/{name}/`; do not edit. Protocol: [{name}/protocol-v1.md]({name}/protocol-v1.md) "
-        "(committed before the runs; it lists the thesis's setting beside ours with every departure).\n",
-        "## Claims (quoted in the protocol)\n",
+        f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md) and [v2]({name}/protocol-v2.md) "
+        "(each committed before its runs; each lists the thesis's setting beside ours with every departure).\n",
+        "## Claims (quoted in the protocols)\n",
         harness.markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis reports these as curves over 10 runs and the gaps in its text; it gives no table of "
         "accuracies.\n",
-        "## Setting (protocol v1)\n",
-        "LEAF Synthetic(0.5, 0.5), N = 100 clients, multinomial logistic regression with ridge 1e-2 (SGD weight "
-        "decay), T = 200 rounds, K = 5 local SGD steps of batch 32, alpha_i = |D_i|/|D|; availability: independent "
-        "two-state Markov chains, 4 x 25 clients with pi in {0.9, 0.1} x lambda in {0.9, N(0, 1e-4)}; every rule "
-        "gets the true pi (CA-Fed also lambda). Metric: test accuracy on the pooled per-client test splits "
-        "(= the alpha-weighted mean of the clients' accuracies), evaluated every 5 rounds; *final* = the mean "
-        "over the evaluations in the last 10 % of rounds (rounds 185-200). Intervals: 95 % Student-t over seeds; "
-        "differences are paired over the same seeds.\n",
+        "## Settings\n",
+        "Protocol v1: " + SETTING_V1_TEXT,
+        "Protocol v2: " + SETTING_V2_TEXT,
     ]
     summaries: list[harness.Summary] = []
-    protocols = sorted({r["protocol"] for r in records} | {STUDY.protocol})
-    for protocol in protocols:
+    rows, ruled_out = power_rows(records)
+    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2}
+    for protocol in ("v2", "v1"):
         recs = [r for r in records if r["protocol"] == protocol]
+        seeds = SEEDS_BY_PROTOCOL[protocol]
         lines.append(f"## Results, protocol {protocol}\n")
+        if protocol == "v2":
+            lines += ["Power (from v1's `rescaled` records): the seeds n needed so that the paired 95 % half-width "
+                      "t_{0.975,n-1} · SD / sqrt(n) is below the thesis's gain; a claim that needs more than the "
+                      f"{len(seeds)} planned seeds is **not testable here** (its estimate is still shown).\n",
+                      harness.markdown_table(_power.POWER_HEADER, rows), ""]
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
-            summaries += [harness.Summary(f"{k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
+            summaries += [harness.Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
+                                          if protocol == "v2" else "pending") for k, (c, p) in CLAIMS.items()]
             continue
-        n_seeds = len(STUDY.seeds)
-        settings = [s for s in SETTINGS if any(r["setting"] == s for r in recs)]
+        settings = [s for s in settings_of[protocol] if any(r["setting"] == s for r in recs)]
         for setting in settings:
-            text, verdicts = _setting_section(recs, protocol, setting, n_seeds, name)
+            text, verdicts = _setting_section(recs, protocol, setting, len(seeds), name,
+                                              ruled_out if protocol == "v2" else None)
             lines.append(text)
+            primary = setting == PRIMARY[protocol]
             for k, (ours, verdict) in verdicts.items():
-                label = "" if setting == PRIMARY else f" [setting {setting}]"
-                if setting == PRIMARY or k != "C2":
-                    summaries.append(harness.Summary(f"{k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
+                label = "" if primary else f" [setting {setting}]"
+                if primary or k != "C2":
+                    summaries.append(harness.Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
                                                      f"{ours} ({setting})", verdict))
         fig = f"{name}/accuracy-{protocol}.png"
         _plot_curves(recs, settings, out / fig, f"CA-Fed study, protocol {protocol}: test accuracy, mean and "
@@ -532,11 +599,14 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
                   f"Compute: {harness.compute_used(recs)}.\n"]
     lines += [
         "## Not run\n",
-        "- The Fashion-MNIST CNN counterpart of Fig. 2.1b: not run this session (compute: a CNN over 100 clients "
-        "for 200 rounds and 5 methods x >= 5 seeds does not fit the 2-core CPU budget).\n",
+        "- The Fashion-MNIST CNN counterpart of Fig. 2.1b: not run (compute: a CNN over 100 clients for 200 rounds "
+        "and 5 methods x >= 5 seeds does not fit the 2-core CPU budget).\n",
+        "- v2 with the clients' SGD momentum kept across rounds (the released code): the library's vmap engine "
+        "resets a client's optimizer state every round; the sequential engine keeps it but costs several times "
+        "more here (protocol v2).\n",
         "## Reproduce\n",
         "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds 0-9   # the missing runs only",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds 0-19   # the missing runs only",
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
@@ -549,8 +619,8 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
 STUDY = harness.Study(
     name="cafed",
     title="CA-Fed (thesis ch. 2)",
-    protocol="v1",
-    seeds=tuple(range(10)),
+    protocol="v2",
+    seeds=SEEDS_BY_PROTOCOL["v2"],
     cells=CELLS,
     run=run_cell,
     run_seeds=run_seeds,
