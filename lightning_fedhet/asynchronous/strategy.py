@@ -16,9 +16,9 @@ manual optimization, one optimizer per task):
 - the server's state (models, pending requests, queues, buffers, history) goes into Lightning checkpoints under
   ``"fedast"``; resuming continues exactly.
 
-Refused in this version (clear errors at construction): ``engine="vmap"`` (it trains a synchronous cohort in
-lock-step, while FedAST's requests arrive one at a time) and lossy channels (a lost upload is not modelled in
-the asynchronous server).
+Not taken in this version (a clear error at construction if passed): ``engine=`` (each request trains through
+Lightning's loop, one at a time; the vmap engine trains a synchronous cohort in lock-step) and ``channel=`` (a lost
+upload is not modelled in the asynchronous server).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class FedASTStrategy(SingleDeviceStrategy):
         slot: seconds per availability slot (with ``participation``; FedAST only).
         num_clients: optional check of the client count every task's datamodule must have.
         seed: seed of every draw (clients, durations, availability, each client's data order).
-        engine: only ``"sequential"``; channel: only None (see the module doc).
+
+    It takes no ``engine`` and no ``channel`` (a clear error names why, see the module doc).
 
     Attributes:
         server: the :class:`~lightning_fedhet.asynchronous.TaskServer` (after the fit starts).
@@ -101,25 +102,19 @@ class FedASTStrategy(SingleDeviceStrategy):
         slot: float = 1.0,
         num_clients: int | None = None,
         seed: int = 0,
-        engine: str = "sequential",
-        channel: Any = None,
         device: str | torch.device = "cpu",
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
         precision_plugin: Any = None,
+        **synchronous_only: Any,
     ) -> None:
+        _refuse_synchronous_settings(synchronous_only)
         super().__init__(
             device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
         )
         rule = FedAST() if rule is None else rule
         if not isinstance(rule, (FedAST, SyncST)):
             raise TypeError(f"rule must be FedAST(...) or SyncST(...), got {type(rule).__name__}")
-        if engine != "sequential":
-            raise ValueError(f"FedASTStrategy supports engine='sequential' only, got {engine!r}: the vmap engine "
-                             "trains a synchronous cohort in lock-step, FedAST's requests arrive one at a time")
-        if channel is not None:
-            raise ValueError("FedASTStrategy does not model lossy channels in this version (channel must be None); "
-                             "use FedHetStrategy(channel=...) with a synchronous rule")
         if participation is not None and not isinstance(participation, Participation):
             raise TypeError(f"participation must be a Participation process, got {type(participation).__name__}")
         resolve_pool(pool, participation, slot if float(slot) > 0 else 1.0)  # both given, or a wrong type: refuse
@@ -288,6 +283,23 @@ class FedASTStrategy(SingleDeviceStrategy):
         strategy_registry.register(
             cls.strategy_name, cls, description="Asynchronous simultaneous training of several models (FedAST)"
         )
+
+
+def _refuse_synchronous_settings(given: dict[str, Any]) -> None:
+    """``engine=`` and ``channel=`` belong to the synchronous strategies: name why this one takes neither; any other
+    unknown argument is a TypeError, as Python gives it."""
+    if "engine" in given:
+        raise ValueError(
+            f"FedASTStrategy takes no engine (got engine={given['engine']!r}): each request trains through "
+            "Lightning's loop, one at a time, while the vmap engine trains a synchronous cohort in lock-step"
+        )
+    if "channel" in given:
+        raise ValueError(
+            "FedASTStrategy takes no channel: lossy channels are not modelled in the asynchronous server in this "
+            "version; use FedHetStrategy(channel=...) with a synchronous rule"
+        )
+    if given:
+        raise TypeError(f"FedASTStrategy.__init__() got an unexpected keyword argument {next(iter(given))!r}")
 
 
 class _EpochLoader:

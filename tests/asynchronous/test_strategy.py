@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -126,10 +128,13 @@ def test_syncst_rounds_are_epochs_and_first_k_keeps_the_fastest():
 
 
 def test_refusals_name_the_cause():
-    with pytest.raises(ValueError, match="engine='sequential' only"):
+    with pytest.raises(ValueError, match="takes no engine .got engine='vmap'.: each request trains"):
         FedASTStrategy(engine="vmap")
-    with pytest.raises(ValueError, match="lossy channels"):
+    with pytest.raises(ValueError, match="takes no channel: lossy channels are not modelled"):
         FedASTStrategy(channel=LossyChannel(uplink=0.1))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lokal_steps'"):
+        FedASTStrategy(lokal_steps=2)
+    assert {"engine", "channel"}.isdisjoint(inspect.signature(FedASTStrategy).parameters)  # not taken to refuse
     with pytest.raises(TypeError, match="rule"):
         FedASTStrategy(rule="fedast")
     with pytest.raises(ValueError, match="local_steps"):
