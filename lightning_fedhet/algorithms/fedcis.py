@@ -58,18 +58,8 @@ Every named strategy sums to 1 (the released code normalises every ``Lt``).
    ``C_e`` as defined above, which is exactly the code's ``e_ds_size`` for the experiments' parametrisation.
 5. *Projection and server step.* No projection (the set ``W`` of the analysis is never specified; the code has
    none); ``server_lr`` (``eta_s``) is free, default 1 as in the code.
-6. *FLOPS Prop.* ``flops_schedule="static"`` (default) is the thesis's description, ``Lt_e ∝ F_e``.
-   ``"warmup"`` is the code's SDN schedule ``Lt_e(t) = min(0.01 (t + 1), F_e / F_E)``, normalised, ``t`` the
-   0-based round (equal weights at round 0, the static ratios' shape only after ``~100`` rounds).
-   ``F_e`` is whatever cost per exit the caller passes (e.g. ``EarlyExitNet.exit_flops((1, 28, 28))``, MACs);
-   only ratios matter.
-7. *Balanced Adj.* ``grad_variance`` is ``sigma2_e`` per exit. The default reproduces the released code, which
-   uses Table D.1's CIFAR10 entries ``v = (0.00374, 0.00224, 0.00101)`` **squared** (``sigma2_e = v_e^2``, as if
-   the table listed standard deviations): :data:`BALANCED_SIGMA2` ``["cifar10"]``; ``"cifar100"`` is also
-   available. The code hard-codes ``sum (|D_i|/|D_e|)^2`` to the equal 4-2-1 tree (``0.25, 0.5, 1``); here it is
-   computed from the actual sizes over ``C_e``, which gives the same values on the 7-node tree for every preset
-   partition when ``p = 0`` (shares are split evenly within a layer) and differs on the 17-node tree or with
-   ``p > 0``. Example, 80-15-5 CIFAR10: ``Lt ≈ (0.486, 0.195, 0.319)``.
+6. *FLOPS Prop.* and 7. *Balanced Adj.*: the two strategies' choices are given where they are computed,
+   :mod:`lightning_fedhet.algorithms.fedcis_weights`.
 8. *Partial participation and losses.* ``p`` is the exit distribution **given** that node ``i`` is selected
    (``select`` keeps every available node by default; the thesis runs use full participation). With
    ``correct_participation=True`` the weight is also divided by ``RoundContext.participation_probs[i]``, so the
@@ -91,20 +81,36 @@ are a pure function of the seed and the round) and reach the client through :met
 
 from __future__ import annotations
 
-import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from lightning_fedhet._checks import check_bool, check_choice, check_real, check_vector
+from lightning_fedhet._checks import check_bool, check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
+
+# the rule's two other ideas, in files of their own; re-exported here, where they were first published
+from lightning_fedhet.algorithms.fedcis_exits import (
+    check_exit_masks,
+    check_p_matrix,
+    code_sampling_matrix,
+    exit_masks,
+    sampling_matrix,
+)
+from lightning_fedhet.algorithms.fedcis_weights import (
+    BALANCED_SIGMA2,
+    FLOPS_SCHEDULES,
+    FLOPS_WARMUP_RATE,
+    LAMBDA_TILDE_STRATEGIES,
+    TABLE_D1,
+    check_exit_weights,
+    lambda_tilde_weights,
+)
 from lightning_fedhet.cis import CISTopology
-from lightning_fedhet.flat import FlatModel
 
 __all__ = [
     "FedCIS",
@@ -115,200 +121,12 @@ __all__ = [
     "TABLE_D1",
     "BALANCED_SIGMA2",
     "LAMBDA_TILDE_STRATEGIES",
+    "FLOPS_SCHEDULES",
+    "FLOPS_WARMUP_RATE",
 ]
 
-LAMBDA_TILDE_STRATEGIES = ("serving_rate", "equal", "flops", "balanced")
 PROB_WEIGHTINGS = ("inverse", "direct")
-FLOPS_SCHEDULES = ("static", "warmup")
-#: Step of the code's FLOPS-Prop warm-up: ``tau(t) = FLOPS_WARMUP_RATE * (t + 1)``.
-FLOPS_WARMUP_RATE = 0.01
-
-#: Thesis Table D.1, per-exit gradient "variance" of the 3-exit ResNet-18 (CIFAR10 exits 3/9/17, CIFAR100 9/13/17).
-TABLE_D1: dict[str, tuple[float, float, float]] = {
-    "cifar10": (0.00374, 0.00224, 0.00101),
-    "cifar100": (0.00216, 0.00126, 0.00101),
-}
-#: ``sigma2_e`` that the released code uses for Balanced Adj: Table D.1 entries squared.
-BALANCED_SIGMA2: dict[str, tuple[float, ...]] = {k: tuple(v * v for v in vals) for k, vals in TABLE_D1.items()}
-
 AGGREGATION_BASES = ("literal", "root_local")
-
-_ROW_TOL = 1e-6
-
-
-def sampling_matrix(topology: CISTopology, p: float) -> Tensor:
-    """The thesis's exit-sampling matrix ``[N, E]`` (float64): ``p_{i,e} = p`` for ``e < E_i``,
-    ``p_{i,E_i} = 1 - (E_i - 1) p`` and 0 beyond ``E_i``.
-
-    Raises ``ValueError`` unless ``0 <= p`` and ``(E_i - 1) p <= 1`` for every node.
-    """
-    e_max = max(topology.max_exit)
-    p_max = 1.0 if e_max <= 1 else 1.0 / (e_max - 1)
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= p_max + 1e-12:
-        raise ValueError(
-            f"p must be a number in [0, {p_max:.6g}] (= 1/(max E_i - 1), so that p_(i,E_i) = 1 - (E_i - 1) p >= 0), "
-            f"got {p!r}"
-        )
-    p = min(float(p), p_max)
-    mat = torch.zeros(topology.num_nodes, topology.num_exits, dtype=torch.float64)
-    for i, ei in enumerate(topology.max_exit):
-        mat[i, : ei - 1] = p
-        mat[i, ei - 1] = max(0.0, 1.0 - (ei - 1) * p)
-    return mat
-
-
-def code_sampling_matrix(topology: CISTopology, smaller_exit_prob: Mapping[int, float]) -> Tensor:
-    """The released code's convention ``--sampled-probability-per-layer a-b`` as an ``[N, E]`` matrix.
-
-    A node with largest exit ``E_i`` trains a smaller exit with total probability ``smaller_exit_prob[E_i]``
-    (0 when missing), chosen uniformly among ``1..E_i - 1``, and its own exit ``E_i`` otherwise; nodes with
-    ``E_i = 1`` always train exit 1. The code's ``0.4-0.8`` on the 3-exit tree is ``{2: 0.4, 3: 0.8}``.
-    """
-    if not isinstance(smaller_exit_prob, Mapping):
-        raise ValueError(f"smaller_exit_prob must map E_i -> probability, got {smaller_exit_prob!r}")
-    for k, v in smaller_exit_prob.items():
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
-            raise ValueError(f"smaller_exit_prob[{k!r}] must be a probability in [0, 1], got {v!r}")
-    mat = torch.zeros(topology.num_nodes, topology.num_exits, dtype=torch.float64)
-    for i, ei in enumerate(topology.max_exit):
-        a = float(smaller_exit_prob.get(ei, 0.0)) if ei > 1 else 0.0
-        if ei > 1:
-            mat[i, : ei - 1] = a / (ei - 1)
-        mat[i, ei - 1] = 1.0 - a
-    return mat
-
-
-def _check_p_matrix(p, topology: CISTopology) -> Tensor:
-    n, e = topology.num_nodes, topology.num_exits
-    try:
-        mat = torch.as_tensor(p, dtype=torch.float64).clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"p must be a number or an [N, E] = [{n}, {e}] matrix, got {p!r}") from err
-    if mat.shape != (n, e):
-        raise ValueError(f"p must be a number or an [N, E] = [{n}, {e}] matrix, got shape {tuple(mat.shape)}")
-    if not torch.isfinite(mat).all() or (mat < 0).any() or (mat > 1).any():
-        raise ValueError(f"p entries must be probabilities in [0, 1], got {mat.tolist()}")
-    sums = mat.sum(dim=1)
-    bad = torch.nonzero((sums - 1).abs() > _ROW_TOL).flatten().tolist()
-    if bad:
-        raise ValueError(
-            f"each row of p must sum to 1 (one exit per node per round): row {bad[0]} sums to {float(sums[bad[0]])}"
-        )
-    for i, ei in enumerate(topology.max_exit):
-        if (mat[i, ei:] > 0).any():
-            raise ValueError(f"p[{i}] gives positive probability to exits beyond node {i}'s largest exit E_i={ei}")
-    return mat / sums[:, None]
-
-
-def exit_masks(module: nn.Module, exit_modules: Sequence[Sequence[nn.Module]]) -> Tensor:
-    """bool ``[E, d]``: which parameters of ``module``'s flat parameter vector belong to each exit's sub-model.
-
-    The vector is the one the rule aggregates: :class:`~lightning_fedhet.flat.FlatModel`'s parameter part, in
-    ``module.parameters()`` order, ``d = num_parameters`` (the server averages floating buffers such as BatchNorm
-    statistics itself). ``exit_modules[e]`` lists the modules exit ``e + 1`` uses: for an
-    :class:`~lightning_fedhet.model_zoo.EarlyExitNet` ``net``, the released code's sub-model is
-    ``list(net.blocks[: net.exit_blocks[e]]) + [net.heads[e]]`` (the blocks up to the exit and that exit's head).
-    Every parameter of those modules is marked.
-    """
-    flat = FlatModel(module)
-    masks = torch.zeros(len(exit_modules), flat.num_parameters, dtype=torch.bool)
-    starts = torch.tensor([0, *flat.numels]).cumsum(0).tolist()
-    parameters = flat.tensors[: len(list(module.parameters()))]
-    position = {id(t): (starts[k], starts[k + 1]) for k, t in enumerate(parameters)}
-    for e, mods in enumerate(exit_modules):
-        for m in mods:
-            for t in m.parameters():
-                if id(t) in position:
-                    lo, hi = position[id(t)]
-                    masks[e, lo:hi] = True
-        if not masks[e].any():
-            raise ValueError(f"exit_modules[{e}] holds no tensor of the module's flat vector")
-    return masks
-
-
-def _check_masks(masks, num_exits: int) -> Tensor:
-    m = torch.as_tensor(masks)
-    if m.dtype != torch.bool or m.dim() != 2 or m.shape[0] != num_exits:
-        raise ValueError(
-            f"exit_masks must be a bool tensor of shape [E, d] with E = {num_exits} exits, got dtype {m.dtype} and "
-            f"shape {tuple(m.shape)}"
-        )
-    empty = [e + 1 for e in range(num_exits) if not m[e].any()]
-    if empty:
-        raise ValueError(f"exit_masks marks no coordinate for exit(s) {empty}")
-    return m.clone()
-
-
-def _check_weights(name: str, values, length: int, positive: bool = False) -> Tensor:
-    """One finite weight per exit, in ``[0, inf)`` (``(0, inf)`` when ``positive``), not all zero."""
-    v = check_vector(values, name, 0.0, math.inf, low_open=positive, high_open=True)
-    if v.numel() != length:
-        raise ValueError(f"{name} must have one entry per exit ({length}), got {v.numel()}")
-    if float(v.sum()) <= 0:
-        raise ValueError(f"{name} must not be all zero, got {v.tolist()}")
-    return v
-
-
-def lambda_tilde_weights(
-    strategy: str,
-    topology: CISTopology,
-    p_matrix: Tensor | None = None,
-    sizes: Tensor | None = None,
-    flops: Sequence[float] | Tensor | None = None,
-    flops_schedule: str = "static",
-    grad_variance: Sequence[float] | Tensor | None = None,
-    round: int = 0,
-) -> Tensor:
-    """``Lambda-tilde`` (shape ``[E]``, float64, sums to 1) of a named strategy (see the module docstring).
-
-    ``p_matrix`` (default: ``p = 0``) and ``sizes`` (``|D_i|``, default: ``topology.data_fraction``) only matter for
-    ``"balanced"``; ``round`` only for ``"flops"`` with the ``"warmup"`` schedule.
-    """
-    num_exits = topology.num_exits
-    if strategy == "serving_rate":
-        return topology.serving_rates(normalize=True)
-    if strategy == "equal":
-        return torch.full((num_exits,), 1.0 / num_exits, dtype=torch.float64)
-    if strategy == "flops":
-        if flops is None:
-            raise ValueError("lambda_tilde='flops' needs flops= (cost of each exit, e.g. EarlyExitNet.exit_flops(...))")
-        f = _check_weights("flops", flops, num_exits, positive=True)
-        if flops_schedule == "static":
-            return f / f.sum()
-        if flops_schedule == "warmup":
-            w = torch.clamp(f / f[-1], max=FLOPS_WARMUP_RATE * (int(round) + 1))
-            return w / w.sum()
-        raise ValueError(f"flops_schedule must be one of {FLOPS_SCHEDULES}, got {flops_schedule!r}")
-    if strategy == "balanced":
-        if grad_variance is None:
-            if num_exits != 3:
-                raise ValueError(
-                    f"lambda_tilde='balanced' has default gradient variances only for 3 exits (Table D.1); pass "
-                    f"grad_variance= with {num_exits} values"
-                )
-            grad_variance = BALANCED_SIGMA2["cifar10"]
-        elif isinstance(grad_variance, str):
-            if grad_variance not in BALANCED_SIGMA2:
-                raise ValueError(
-                    f"grad_variance must be one of {sorted(BALANCED_SIGMA2)} or numbers, got {grad_variance!r}"
-                )
-            grad_variance = BALANCED_SIGMA2[grad_variance]
-        sigma2 = _check_weights("grad_variance", grad_variance, num_exits, positive=True)
-        mat = sampling_matrix(topology, 0.0) if p_matrix is None else p_matrix
-        d = topology.data_fraction if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
-        holders = mat > 0  # [N, E]: C_e
-        d_e = (d[:, None] * holders).sum(0)  # |D_{e,p}|
-        share = torch.where(d_e > 0, d[:, None] / d_e.clamp_min(1e-300), torch.zeros_like(mat)) * holders
-        conc = (share**2).sum(0)  # sum_{i in C_e} (|D_i| / |D_{e,p}|)^2
-        o = torch.where(conc > 0, 1.0 / (sigma2 * conc.clamp_min(1e-300)), torch.zeros_like(conc))
-        if float(o.sum()) <= 0:
-            raise ValueError("lambda_tilde='balanced': no exit has training data")
-        lam = topology.serving_rates(normalize=True)
-        w = 0.5 * (lam + o / o.sum())
-        return w / w.sum()
-    raise ValueError(
-        f"lambda_tilde must be one of {LAMBDA_TILDE_STRATEGIES} or a tensor of {num_exits} weights, got {strategy!r}"
-    )
 
 
 class FedCIS(Algorithm):
@@ -397,7 +215,7 @@ class FedCIS(Algorithm):
             raise ValueError("exit_masks only applies to aggregation_base='root_local'")
         self.topology = topology
         self.aggregation_base = aggregation_base
-        self.exit_masks = None if exit_masks is None else _check_masks(exit_masks, topology.num_exits)
+        self.exit_masks = None if exit_masks is None else check_exit_masks(exit_masks, topology.num_exits)
         self.num_exits = topology.num_exits
         self.server_lr = float(server_lr)
         self.prob_weighting = prob_weighting
@@ -412,9 +230,9 @@ class FedCIS(Algorithm):
             raise ValueError(f"p must be a number or an [N, E] matrix, got {p!r}")
         else:
             self.p = None
-            self.p_matrix = _check_p_matrix(p, topology)
+            self.p_matrix = check_p_matrix(p, topology)
 
-        self.flops = None if flops is None else _check_weights("flops", flops, self.num_exits, positive=True)
+        self.flops = None if flops is None else check_exit_weights("flops", flops, self.num_exits, positive=True)
         self.grad_variance = grad_variance
         if isinstance(lambda_tilde, str):
             if lambda_tilde not in LAMBDA_TILDE_STRATEGIES:
@@ -427,7 +245,7 @@ class FedCIS(Algorithm):
             # validate the strategy's own arguments now (sizes are checked again once known)
             self._lambda_tilde_at(0, None)
         else:
-            lt = _check_weights("lambda_tilde", lambda_tilde, self.num_exits)
+            lt = check_exit_weights("lambda_tilde", lambda_tilde, self.num_exits)
             self.lambda_tilde = "custom"
             self._fixed_lt = lt / lt.sum() if self.normalize else lt
 
