@@ -15,7 +15,7 @@ trains and replies ``{"arrays": ..., "metrics": {"num-examples": ...}}`` also wo
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, MetricRecord
 from torch import Tensor, nn
 
 from lightning_fedhet.flat import FlatModel
@@ -73,3 +73,19 @@ class ModelCodec:
         except RuntimeError as err:
             raise ValueError(f"the ArrayRecord does not hold this model's state_dict: {err}") from err
         return self.flat.get(dtype), self.flat.get_ints()
+
+
+def weighted_metrics(records: list[MetricRecord]) -> MetricRecord | None:
+    """Each metric's mean over ``records`` weighted by their ``num-examples`` (``None`` when nobody answered)."""
+    weights = [float(r[NUM_EXAMPLES]) for r in records if NUM_EXAMPLES in r]
+    if not records or len(weights) != len(records) or sum(weights) <= 0:
+        return None
+    total = sum(weights)
+    names = sorted({name for r in records for name in r if name != NUM_EXAMPLES})
+    out = MetricRecord()
+    for name in names:
+        pairs = [(float(r[name]), w) for r, w in zip(records, weights) if name in r and not isinstance(r[name], list)]
+        if pairs:
+            out[name] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    out[NUM_EXAMPLES] = int(total)
+    return out

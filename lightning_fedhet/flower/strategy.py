@@ -47,6 +47,7 @@ from lightning_fedhet.flower.protocol import (
     SERVER_ROUND,
     TRAIN_LOSS,
     ModelCodec,
+    weighted_metrics,  # re-exported: its earlier home
 )
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.seeding import resolve_seed
@@ -408,22 +409,6 @@ def _refuse_simulated_settings(spec: FederationSpec) -> None:
             f"FedHetFlowerStrategy cannot simulate {', '.join(set_here)}: on Flower the links, the timing, the data "
             "and the clients' training are the nodes' own; leave these settings at their defaults"
         )
-
-
-def weighted_metrics(records: list[MetricRecord]) -> MetricRecord | None:
-    """Each metric's mean over ``records`` weighted by their ``num-examples`` (``None`` when nobody answered)."""
-    weights = [float(r[NUM_EXAMPLES]) for r in records if NUM_EXAMPLES in r]
-    if not records or len(weights) != len(records) or sum(weights) <= 0:
-        return None
-    total = sum(weights)
-    names = sorted({name for r in records for name in r if name != NUM_EXAMPLES})
-    out = MetricRecord()
-    for name in names:
-        pairs = [(float(r[name]), w) for r, w in zip(records, weights) if name in r and not isinstance(r[name], list)]
-        if pairs:
-            out[name] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
-    out[NUM_EXAMPLES] = int(total)
-    return out
 
 
 def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
