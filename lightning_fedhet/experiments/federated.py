@@ -73,8 +73,9 @@ def federated_study(
         build: ``build(cell, seed) -> (module, datamodule, strategy)``, called right after ``seed_everything(seed)``;
             ``strategy`` is a ``FedHetStrategy`` or a ``FederationSpec`` whose seed is ``seed``. Returning the same
             datamodule object for every seed of a cell lets stacked seeds share its batches' gathering.
-        methods, settings: names, or ``{name: config}`` dicts; the cells are every setting x every method, and a
-            cell's config is ``common``, then the setting's, then the method's entries (JSON-able).
+        methods, settings: names, or ``{name: config}`` dicts (a value that is not a dict, e.g. the algorithm's
+            class, adds no configuration); the cells are every setting x every method, and a cell's config is
+            ``common``, then the setting's, then the method's entries (JSON-able).
         seeds: the seeds every cell runs.
         rounds, eval_every: rounds per run; validate every ``eval_every`` rounds (``None``: after the last only).
             Both go into every cell's config, where a setting or method may override them.
