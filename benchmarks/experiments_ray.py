@@ -91,9 +91,13 @@ def same_records(a: Path, b: Path) -> bool:
 def _warm(path: str) -> float:
     """A Ray worker's first task: import the study (torch, Lightning, the data), then hold the CPU a moment so
     that the next warm-up task lands on another worker."""
+    import time
+
+    from lightning_fedhet.experiments import load_study  # (this function is pickled by value: no globals)
+
     start = time.perf_counter()
-    load_study(path).cells[0]
-    data()
+    study = load_study(path)
+    study.run.build(study.cells[0], 0)  # builds the data
     elapsed = time.perf_counter() - start
     time.sleep(2.0)
     return elapsed

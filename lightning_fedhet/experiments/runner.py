@@ -8,6 +8,7 @@ Ctrl-C, a crash after ``k`` runs) is continued by running the same command again
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import sys
 import time
@@ -143,8 +144,9 @@ def run_study(
         bar.set_postfix_str(f"running {sum(running.values())}", refresh=True)
 
     tasks = chosen.plan(study, todo)
+    outcomes = chosen.execute(study, tasks, started)
     try:
-        for outcome in chosen.execute(study, tasks, started):
+        for outcome in outcomes:
             running.pop(id(outcome.task), None)
             for seed, path, result in _store(study, root, outcome, code, chosen.name, summary):
                 done += 1
@@ -162,6 +164,8 @@ def run_study(
             bar.update(len(outcome.task.seeds))
             bar.set_postfix_str(f"running {sum(running.values())}", refresh=False)
     finally:
+        if inspect.isgenerator(outcomes):  # a backend's clean-up (Ray cancels what is queued) runs now, not at GC
+            outcomes.close()
         bar.close()
         if sink is not None:
             sink.close()
