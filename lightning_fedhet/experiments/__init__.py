@@ -30,14 +30,24 @@ from lightning_fedhet.experiments.report import (
     Claim,
     Report,
     check,
+    compute_used,
     default_index,
     generate,
     markdown_table,
     new_figure,
+    provenance_table,
     report,
+    reproduce_section,
     save_figure,
 )
-from lightning_fedhet.experiments.runner import RunReport, rerun_canary, run_canary, run_study, write_canary
+from lightning_fedhet.experiments.runner import (
+    RunReport,
+    canary_path,
+    rerun_canary,
+    run_canary,
+    run_study,
+    write_canary,
+)
 from lightning_fedhet.experiments.stats import (
     VERDICTS,
     by_seed,
@@ -63,6 +73,7 @@ __all__ = [
     "run_canary",
     "write_canary",
     "rerun_canary",
+    "canary_path",
     "Backend",
     "InProcess",
     "Stacked",
@@ -96,4 +107,7 @@ __all__ = [
     "markdown_table",
     "new_figure",
     "save_figure",
+    "reproduce_section",
+    "compute_used",
+    "provenance_table",
 ]
