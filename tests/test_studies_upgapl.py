@@ -62,7 +62,8 @@ def test_report_verdicts_follow_the_protocol_rules(tmp_path):
         records += [_record("decaying", "UPGA-PL", seed, 0.90 + j), _record("decaying", "DMA-PL", seed, 0.87),
                     _record("decaying", "FedAvg (lossless)", seed, 0.905),
                     _record("decaying", "UDMA-PL", seed, 0.60, tail_std=0.1)]
-    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
+    verdicts = {s.claim.split(":")[0].removeprefix("v1, "): s.verdict for s in upgapl.write_report(records, tmp_path)
+                if s.claim.startswith("v1")}
     # +3 pp over DMA-PL, interval above 0 but below 12/2 pp; -0.5 pp from lossless, inside the 1 pp margin;
     # UDMA-PL at 60 % and oscillating
     assert verdicts == {"U1": "partly reproduced", "U2": "reproduced", "U3": "reproduced"}
@@ -75,3 +76,27 @@ def test_the_near_and_udmapl_rules():
     assert upgapl._verdict_udmapl(0.8, (0.05, 0.01, 0.09, 10)) == "partly reproduced"
     assert upgapl._verdict_udmapl(0.8, (0.0, -0.01, 0.01, 10)) == "not reproduced"
     assert upgapl._verdict_udmapl(math.nan, (0.0, -0.01, 0.01, 10)) == "pending"
+
+
+def test_v2_cells_take_their_step_sizes_from_the_thesis_grid_and_record_the_data():
+    assert upgapl.STUDY.protocol == "v2" and {c.method for c in upgapl.CELLS} == set(upgapl.METHODS)
+    for cell in upgapl.CELLS:
+        assert cell.config["lr_schedule"] == "constant"
+        assert any(math.isclose(cell.config["lr"], g) for g in upgapl.THESIS_GRID)
+    cell = harness.Cell("thesis-grid", "UPGA-PL", {**upgapl.CELLS[0].config, **TINY})
+    out = upgapl.run_cell(cell, seed=1)
+    assert len(out["data_checksum"]) == 64 and out["metrics"]["lr"] == [cell.config["lr"]] * 3
+
+
+def test_v2_power_marks_u2_not_testable_when_its_margin_needs_more_seeds(tmp_path):
+    # v1 `constant` records whose UPGA-PL - lossless differences alternate +-5 pp: SD ~5.3 pp, far too wide for the
+    # 1 pp margin at 10 seeds; UPGA-PL - DMA-PL constant (SD 0): U1 stays testable
+    records = []
+    for seed in range(10):
+        j = 0.05 * (1 if seed % 2 else -1)
+        records += [_record("constant", "UPGA-PL", seed, 0.90 + j), _record("constant", "DMA-PL", seed, 0.80 + j),
+                    _record("constant", "FedAvg (lossless)", seed, 0.90), _record("constant", "UDMA-PL", seed, 0.6)]
+    rows, ruled_out = upgapl.power_rows(records)
+    assert set(ruled_out) == {"U2"} and ruled_out["U2"].startswith("not testable here (needs ")
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
+    assert verdicts["v2, U2"] == ruled_out["U2"] and verdicts["v2, U1"] == "pending"

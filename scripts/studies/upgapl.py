@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from studies import _train
+from studies import _power, _train
 
 METHODS = ("UPGA-PL", "DMA-PL", "UDMA-PL", "FedAvg (lossless)")
 PAPER_GAIN = 0.12  # Fig. 4.1b: UPGA-PL over the state of the art (DMA-PL) on Synthetic LEAF, in accuracy
@@ -163,6 +163,7 @@ def run_cell(cell: harness.Cell, seed: int) -> dict:
             "reliable_alpha": [round(float(sizes[q == c["q_low"]].sum() / sizes.sum()), 6)],
         },
         "engine": c["engine"],
+        "data_checksum": _train.data_checksum(data.client_indices, *data.train_dataset.tensors),
         "config": {"q": q.tolist()} if c["channel"] else {},
     }
 
@@ -176,8 +177,19 @@ SETTINGS = {
     # The constant step size of the earlier page (0.05 for every rule, not tuned), kept as the contrast.
     "constant": ({"lr_schedule": "constant", "lr_decay_rounds": None}, {m: 0.05 for m in METHODS}),
 }
-CELLS = tuple(harness.Cell(setting, m, make_config(m, lrs[m], **over)) for setting, (over, lrs) in SETTINGS.items()
-              for m in METHODS)
+CELLS_V1 = tuple(harness.Cell(setting, m, make_config(m, lrs[m], **over)) for setting, (over, lrs) in SETTINGS.items()
+                 for m in METHODS)
+
+#: The thesis's learning-rate grid (§4.4.1: "tuned via grid search" over these values, for every algorithm).
+THESIS_GRID = (1e-3, 10 ** -2.5, 1e-2, 10 ** -1.5, 1e-1)
+#: Protocol v2: a constant step size per rule, picked from THESIS_GRID on pilot seeds 100 and 101 (protocol v2).
+SETTINGS_V2 = {
+    "thesis-grid": ({"lr_schedule": "constant", "lr_decay_rounds": None, "lr_grid": list(THESIS_GRID)},
+                    {m: 0.1 for m in METHODS}),
+}
+CELLS = tuple(harness.Cell(setting, m, make_config(m, lrs[m], **over))
+              for setting, (over, lrs) in SETTINGS_V2.items() for m in METHODS)
+SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10))}
 
 
 def final_acc(record: dict) -> float:
@@ -201,10 +213,11 @@ def oscillation(record: dict) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-PRIMARY = "decaying"
+PRIMARY = {"v1": "decaying", "v2": "thesis-grid"}
 SETTING_TEXT = {
     "decaying": "step size eta_t = eta_0 * 10 / (10 + t) (Theorem 4.3.1's form)",
     "constant": "constant step size 0.05 for every rule (the earlier page's recipe, not tuned)",
+    "thesis-grid": "constant step size per rule, picked from the thesis's grid {1e-3, ..., 1e-1} on pilot seeds",
 }
 CLAIMS = {
     "U1": ("UPGA-PL beats the state of the art, DMA-PL, on Synthetic LEAF (Fig. 4.1b)",
@@ -256,7 +269,8 @@ def _plot(records: list[dict], settings: list[str], path: Path, title: str) -> N
     harness.save_figure(fig, path)
 
 
-def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int):
+def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int,
+                     not_testable: dict[str, str] | None = None):
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
     finals = {m: harness.by_seed(recs, final_acc, method=m) for m in methods}
     osc = {m: harness.by_seed(recs, oscillation, method=m) for m in methods}
@@ -305,10 +319,44 @@ def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int
         verdicts["U3"] = (f"UDMA-PL {harness.fmt_ci(*acc)} %; oscillation − UPGA-PL's "
                           + harness.fmt_ci(*od[:3], unit=" pp") + f", {od[3]} seeds",
                           pending or _verdict_udmapl(acc[0], od))
+    for claim, text in (not_testable or {}).items():
+        if claim in verdicts:
+            verdicts[claim] = (verdicts[claim][0], text)
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
              harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
     return "\n".join(text), verdicts
+
+
+def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
+    """Protocol v2's power table from v1's `constant` records (constant step size, like v2) and the claims it rules
+    out at v2's planned seeds: ``(rows, {claim: "not testable here (needs n seeds)"})``."""
+    v1 = [r for r in records if r["protocol"] == "v1" and r["setting"] == "constant"]
+    finals = {m: harness.by_seed(v1, final_acc, method=m) for m in METHODS}
+    planned = len(SEEDS_BY_PROTOCOL["v2"])
+    rows, ruled_out = [], {}
+    for claim, other, effect in (("U1", "DMA-PL", PAPER_GAIN), ("U2", "FedAvg (lossless)", NEAR_MARGIN)):
+        sd, n = _power.paired_sd(finals["UPGA-PL"], finals[other])
+        label = f"{claim}: UPGA-PL − {other}" + (" (within the 1 pp margin)" if claim == "U2" else "")
+        rows.append(_power.power_row(label, sd, n, effect, planned))
+        need = _power.seeds_needed(sd, effect)
+        if need is None or need > planned:
+            ruled_out[claim] = f"not testable here (needs {_power.needed_text(need)} seeds)"
+    return rows, ruled_out
+
+
+SETTING_V1_TEXT = (
+    "LEAF Synthetic(1, 1), N = 10 clients, multinomial logistic regression with ridge 5e-4 (SGD weight decay), "
+    "alpha_i = |D_i|/|D|; a seeded random half of the clients loses its uploads with probability q = 0.1, the "
+    "other half with q = 0.9 (independent per round); UPGA-PL and UDMA-PL are given the true q. T = 200 "
+    "rounds, K = 5 local SGD steps of batch 32; every client trains every round (no availability model, no "
+    "deadline). Metric: test accuracy on the pooled per-client test splits, evaluated every 5 rounds; *final* "
+    "= the mean over the evaluations in the last 10 % of rounds (rounds 185-200). Intervals: 95 % Student-t "
+    "over seeds; differences are paired over the same seeds.\n")
+SETTING_V2_TEXT = (
+    "As v1, with one constant step size per rule picked from the thesis's grid {1e-3, 10^-2.5, 1e-2, 10^-1.5, "
+    "1e-1} on pilot seeds 100 and 101 (v1's steps lay outside that grid), U2 judged by the power analysis; "
+    "records carry the sha256 of the training data.\n")
 
 
 def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
@@ -317,37 +365,42 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
     lines = [
         "# UPGA-PL under lossy uplinks (thesis ch. 4, Fig. 4.1)\n",
         "Generated by `python scripts/reproduce.py report` from the run records in "
-        f"`records/{name}/`; do not edit. Protocol: [{name}/protocol-v1.md]({name}/protocol-v1.md) "
-        "(committed before the runs; it lists the thesis's setting beside ours with every departure).\n",
-        "## Claims (quoted in the protocol)\n",
+        f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md) and [v2]({name}/protocol-v2.md) "
+        "(each committed before its runs; each lists the thesis's setting beside ours with every departure).\n",
+        "## Claims (quoted in the protocols)\n",
         harness.markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis shows these as curves (10 seeds) and states the gaps in its text; it gives no table.\n",
-        "## Setting (protocol v1)\n",
-        "LEAF Synthetic(1, 1), N = 10 clients, multinomial logistic regression with ridge 5e-4 (SGD weight decay), "
-        "alpha_i = |D_i|/|D|; a seeded random half of the clients loses its uploads with probability q = 0.1, the "
-        "other half with q = 0.9 (independent per round); UPGA-PL and UDMA-PL are given the true q. T = 200 "
-        "rounds, K = 5 local SGD steps of batch 32; every client trains every round (no availability model, no "
-        "deadline). Metric: test accuracy on the pooled per-client test splits, evaluated every 5 rounds; *final* "
-        "= the mean over the evaluations in the last 10 % of rounds (rounds 185-200). Intervals: 95 % Student-t "
-        "over seeds; differences are paired over the same seeds.\n",
+        "## Settings\n",
+        "Protocol v1: " + SETTING_V1_TEXT,
+        "Protocol v2: " + SETTING_V2_TEXT,
     ]
     summaries: list[harness.Summary] = []
-    for protocol in sorted({r["protocol"] for r in records} | {STUDY.protocol}):
+    rows, ruled_out = power_rows(records)
+    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2}
+    for protocol in ("v2", "v1"):
         recs = [r for r in records if r["protocol"] == protocol]
+        seeds = SEEDS_BY_PROTOCOL[protocol]
         lines.append(f"## Results, protocol {protocol}\n")
+        if protocol == "v2":
+            lines += ["Power (from v1's `constant` records): the seeds n needed so that the paired 95 % half-width "
+                      "t_{0.975,n-1} · SD / sqrt(n) is below the effect (U1: the thesis's +12 pp; U2: the 1 pp "
+                      f"margin); a claim that needs more than the {len(seeds)} planned seeds is **not testable "
+                      "here** (its estimate is still shown).\n",
+                      harness.markdown_table(_power.POWER_HEADER, rows), ""]
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
-            summaries += [harness.Summary(f"{k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
+            summaries += [harness.Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
+                                          if protocol == "v2" else "pending") for k, (c, p) in CLAIMS.items()]
             continue
-        settings = [s for s in SETTINGS if any(r["setting"] == s for r in recs)]
+        settings = [s for s in settings_of[protocol] if any(r["setting"] == s for r in recs)]
         for setting in settings:
             text, verdicts = _setting_section([r for r in recs if r["setting"] == setting], protocol, setting,
-                                              len(STUDY.seeds))
+                                              len(seeds), ruled_out if protocol == "v2" else None)
             lines.append(text)
             for k, (ours, verdict) in verdicts.items():
-                label = "" if setting == PRIMARY else f" [setting {setting}]"
-                summaries.append(harness.Summary(f"{k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1], f"{ours} ({setting})",
-                                                 verdict))
+                label = "" if setting == PRIMARY[protocol] else f" [setting {setting}]"
+                summaries.append(harness.Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
+                                                 f"{ours} ({setting})", verdict))
         fig = f"{name}/accuracy-{protocol}.png"
         _plot(recs, settings, out / fig, f"UPGA-PL study, protocol {protocol}: test accuracy, mean and 95 % CI "
               "over seeds (n in legend)")
@@ -355,7 +408,8 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
     lines += [
         "## Not run\n",
         "- The image counterpart (Fig. 4.2; the thesis uses MNIST with two classes per client and a CNN): not run "
-        "this session (compute: a CNN for 200 rounds, 4 rules x >= 5 seeds, does not fit the 2-core CPU budget).\n",
+        "(compute: a CNN for 200 rounds, 4 rules x >= 5 seeds, does not fit the 2-core CPU budget; it waits for "
+        "a GPU session).\n",
         "## Reproduce\n",
         "```bash",
         "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 0-9   # the missing runs only",
@@ -371,8 +425,8 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
 STUDY = harness.Study(
     name="upgapl",
     title="UPGA-PL (thesis ch. 4)",
-    protocol="v1",
-    seeds=tuple(range(10)),
+    protocol="v2",
+    seeds=SEEDS_BY_PROTOCOL["v2"],
     cells=CELLS,
     run=run_cell,
     report=write_report,
