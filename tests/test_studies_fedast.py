@@ -88,3 +88,16 @@ def test_a_tiny_run_is_deterministic_and_stops_tasks_at_their_targets():
     assert m["time_to_target"]["fmnist_lenet"] == 10.0 and m["acc"]["fmnist_lenet"][1:] == [None] * 3
     assert all(0.0 <= v <= 1.0 for v in m["acc"]["fmnist_mlp"])
     assert sum(m["updates"].values()) > 0
+
+
+def test_v2_time_is_the_last_image_task_and_only_image_tasks_censor_it():
+    # Protocol v2's claims read the last of the two image tasks; a synthetic task that never reached its target
+    # censors v1's time (the last of all tasks) but not v2's. Slip it catches: v2 still reading the stand-in.
+    record = {"config": {"horizon": 1200.0},
+              "metrics": {"time_to_target": {"fmnist_lenet": 230.0, "fmnist_mlp": 90.0, "synthetic_logreg": None}}}
+    assert fedast.last_image_time(record) == (230.0, False)
+    assert fedast.last_time(record) == (1200.0, True)
+    record["metrics"]["time_to_target"]["fmnist_mlp"] = None
+    assert fedast.last_image_time(record) == (1200.0, True)
+    assert fedast.PROTOCOLS[fedast.PROTOCOL]["time_of"] is fedast.last_image_time
+    assert all(c.config["claim_tasks"] == list(fedast.IMAGE_TASKS) for c in fedast.CELLS)
