@@ -154,3 +154,21 @@ def test_the_progress_bar_counts_runs(reference_copy, capsys):
     err = capsys.readouterr().err
     assert len(result.written) == 1 and result.skipped == 11
     assert "1 run(s) to do, 11 already recorded" in err and "1/1" in err and "running 1" in err
+
+
+def test_a_canary_rerun_is_bit_for_bit_and_finds_drift(tmp_path):
+    import json as json_module
+
+    from lightning_fedhet.experiments import Cell, canary_path, rerun_canary, write_canary
+
+    canary = Cell("iid", "FedVARP", {"rounds": 2, "eval_every": 1, "alpha": None})
+    study = dataclasses.replace(STUDY, canary=canary, canary_seed=5)
+    record = write_canary(study, tmp_path)
+    assert record["protocol"] == "canary" and record["seed"] == 5 and record["metrics"]["round"] == [1, 2]
+    assert rerun_canary(study, tmp_path) == []
+    path = canary_path(tmp_path, "small")
+    drifted = json_module.loads(path.read_text())
+    drifted["metrics"]["val_acc"][1] += 1e-7
+    path.write_text(json_module.dumps(drifted))
+    (problem,) = rerun_canary(study, tmp_path)
+    assert "canary metrics differs" in problem and "(val_acc[1]: recorded" in problem
