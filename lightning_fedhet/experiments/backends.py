@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -275,12 +275,10 @@ def _ray_task(payload: str | Study, task: Task) -> list[dict]:
 
 
 def _ray_error(error: BaseException) -> str:
-    """The root cause of a failed Ray task, with its traceback as the worker printed it."""
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, BaseException):
-        text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)).strip()
-        return text or f"{type(cause).__name__}: {cause}"
-    return f"{type(error).__name__}: {error}"
+    """A failed Ray task's error as the worker raised it: the remote traceback (without terminal colours), ending
+    with the exception's line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
+    return text or f"{type(error).__name__}: {error!r}"
 
 
 BACKENDS = {"in-process": InProcess, "inprocess": InProcess, "stacked": Stacked, "ray": Ray}

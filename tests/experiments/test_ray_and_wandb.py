@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from lightning_fedhet.experiments import Ray, load_failures, load_records, run_study
+from lightning_fedhet.experiments import Cell, Ray, load_failures, load_records, run_study
 from lightning_fedhet.experiments.cli import main
 from tests.experiments.small_study import STUDY, faulty_study
 from tests.experiments.test_runs import assert_same_records
@@ -40,12 +41,11 @@ def test_a_failed_ray_task_is_retried_once_then_recorded_never_dropped(ray_clust
     (failure,) = load_failures(tmp_path, "faulty")
     assert result.failed == [tmp_path / "records/faulty/v1/s/always/failed-seed0.json"]
     assert failure["method"] == "always" and failure["attempts"] == 2 and failure["backend"] == "ray"
-    assert "ValueError: always always fails (seed 0)" in failure["error"]
+    assert failure["error"].splitlines()[-1] == "ValueError: always always fails (seed 0)"
+    assert "in faulty_run" in failure["error"]  # the worker's traceback
     assert any("FAILED s / always / seed 0 after 2 attempt(s)" in line for line in said)
     # the next run tries the failure again, and only it; a success replaces the failure record
-    fixed = study.cells[0].__class__("s", "always", {"fail": "never", "marker_dir": str(markers)})
-    import dataclasses
-
+    fixed = Cell("s", "always", {"fail": "never", "marker_dir": str(markers)})
     healed = dataclasses.replace(study, cells=(fixed, *study.cells[1:]))
     again = run_study(healed, root=tmp_path, backend=Ray(), **QUIET)
     assert again.skipped == 2 and len(again.written) == 1 and again.ok
