@@ -125,8 +125,13 @@ def time_ray(workers: int, root: Path) -> dict:
     finally:
         ray.shutdown()
     assert result.ok and len(result.written) == len(study.cells) * len(study.seeds)
+    records = load_records(root, "bench")
+    run_wall, run_cpu = sum(r["wall_s"] for r in records), sum(r["cpu_s"] for r in records)
     return {"workers": workers, "runs": len(result.written), "study_s": round(wall, 2),
-            "cluster_start_s": round(started, 2), "worker_import_s": [round(x, 1) for x in imports]}
+            "cluster_start_s": round(started, 2), "worker_import_s": [round(x, 1) for x in imports],
+            # the runs' own times: their sum over the study's time is how many ran at once on average, and CPU over
+            # wall is the share of a core each run got (below 1: other processes held the cores)
+            "in_flight": round(run_wall / wall, 2), "cpu_share": round(run_cpu / run_wall, 2)}
 
 
 def part_ray(out: dict) -> None:
@@ -134,11 +139,13 @@ def part_ray(out: dict) -> None:
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         one = time_ray(1, Path(tmp) / "one")
-        print(f"[ray] 1 worker:  {one['study_s']:.1f} s for {one['runs']} runs (cluster start {one['cluster_start_s']}"
-              f" s, worker import {one['worker_import_s']} s)", flush=True)
+        print(f"[ray] 1 worker:  {one['study_s']:.1f} s for {one['runs']} runs ({one['in_flight']} at once on "
+              f"average, each with {one['cpu_share']:.0%} of a core; cluster start {one['cluster_start_s']} s)",
+              flush=True)
         two = time_ray(2, Path(tmp) / "two")
-        print(f"[ray] 2 workers: {two['study_s']:.1f} s for {two['runs']} runs (cluster start {two['cluster_start_s']}"
-              f" s, worker import {two['worker_import_s']} s)", flush=True)
+        print(f"[ray] 2 workers: {two['study_s']:.1f} s for {two['runs']} runs ({two['in_flight']} at once on "
+              f"average, each with {two['cpu_share']:.0%} of a core; cluster start {two['cluster_start_s']} s)",
+              flush=True)
         agree = same_records(Path(tmp) / "one", Path(tmp) / "two")
     speedup = one["study_s"] / two["study_s"]
     print(f"[ray] speed-up of 2 workers over 1: {speedup:.2f}x (target >= 1.7x); records agree: {agree}; "
