@@ -26,7 +26,7 @@ from typing import Any
 
 from lightning_fedhet.experiments.records import Record, load_records
 from lightning_fedhet.experiments.stats import by_seed, direction, fmt_ci, mean_ci, paired, verdict_for_gain
-from lightning_fedhet.experiments.study import Study, Summary, resolve_root
+from lightning_fedhet.experiments.study import Study, Summary, resolve_root, set_default_report
 
 #: files under a results folder that are written by hand, never generated: the records and the protocols
 HAND_WRITTEN = re.compile(r"(^records/)|(/protocol-[^/]+\.md$)")
@@ -329,7 +329,11 @@ class Report:
         return blocks
 
 
+set_default_report(Report)
+
+
 # ------------------------------------------------------------------------------------------------- report & check
+
 def default_index(entries: list[IndexEntry], out: Path) -> None:
     """``out/README.md``: one row per claim of every study (a study without claims: one row)."""
     rows = []

@@ -26,7 +26,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from lightning_fedhet.experiments.records import Record, slug
 from lightning_fedhet.experiments.stats import VERDICTS
@@ -34,6 +34,24 @@ from lightning_fedhet.experiments.stats import VERDICTS
 RunFn = Callable[["Cell", int], dict]
 RunSeedsFn = Callable[["Cell", Sequence[int]], list[dict]]
 ReportFn = Callable[[list[Record], Path], list["Summary"]]
+
+
+@runtime_checkable
+class StudyBoundReport(Protocol):
+    """A report that is bound to its study before use (the generic ``report.Report``: it reads the study's name,
+    cells and seeds)."""
+
+    def bind(self, study: Study) -> StudyBoundReport: ...
+
+
+#: the factory of the report a study gets when it declares none; ``report.py`` (above this module) registers its
+#: ``Report`` here, so this module never imports it
+_DEFAULT_REPORT: list[Callable[[], StudyBoundReport]] = []
+
+
+def set_default_report(factory: Callable[[], StudyBoundReport]) -> None:
+    """Make ``factory()`` the report of every study constructed without one."""
+    _DEFAULT_REPORT[:] = [factory]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +133,6 @@ class Study:
     source: str | None = None
 
     def __post_init__(self) -> None:
-        from lightning_fedhet.experiments.report import Report
-
         slug(self.name), slug(self.protocol)
         object.__setattr__(self, "cells", tuple(self.cells))
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -131,8 +147,10 @@ class Study:
             raise ValueError(f"study {self.name}: seeds must be distinct, got {list(self.seeds)}")
         if int(self.threads) < 1:
             raise ValueError(f"study {self.name}: threads must be >= 1, got {self.threads}")
-        report = self.report if self.report is not None else Report()
-        if isinstance(report, Report):
+        report = self.report
+        if report is None and _DEFAULT_REPORT:
+            report = _DEFAULT_REPORT[0]()
+        if isinstance(report, StudyBoundReport):
             report = report.bind(self)
         object.__setattr__(self, "report", report)
 

@@ -11,7 +11,7 @@ every figure of the page as a ``wandb.Image``. ``WANDB_MODE=offline`` writes it 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from lightning_fedhet.experiments.records import Record
 from lightning_fedhet.experiments.study import Study
@@ -68,12 +68,26 @@ class WandbSink:
         """Nothing stays open between records; kept for symmetry with the runner's ``finally``."""
 
 
+@runtime_checkable
+class PairedTables(Protocol):
+    """What the generic ``report.Report`` offers W&B (this module sits below ``report.py`` and never imports it)."""
+
+    level: float
+    settings: Any
+    methods: Any
+
+    def paired_rows(self, records: list[Record]) -> list[dict]: ...
+
+    def order(self, records: list[Record], key: str, given: Any) -> list[str]: ...
+
+    def value(self, record: Record) -> float: ...
+
+
 def log_report(study: Study, records: list[Record], root: Path, project: str | None = None,
                dir: str | Path | None = None) -> None:
     """One W&B run in the group ``<study>``: the paired differences and the cells as tables, the figures as media."""
     import wandb
 
-    from lightning_fedhet.experiments.report import Report
     from lightning_fedhet.experiments.stats import by_seed, mean_ci
 
     run = wandb.init(project=project or study.name, group=study.name, job_type="report",
@@ -82,7 +96,7 @@ def log_report(study: Study, records: list[Record], root: Path, project: str | N
     try:
         current = [r for r in records if r["protocol"] == study.protocol]
         logged: dict[str, Any] = {}
-        if isinstance(study.report, Report) and current:
+        if isinstance(study.report, PairedTables) and current:
             report = study.report
             columns = ["setting", "method", "baseline", "seeds", "mean", "low", "high", "direction"]
             rows = [[row[c] for c in columns] for row in report.paired_rows(current)]
