@@ -68,8 +68,15 @@ class ModelCodec:
 
         Raises ``ValueError`` when the record's keys or shapes are not the module's.
         """
+        return self.from_state_dict(record.to_torch_state_dict(), dtype)
+
+    def from_state_dict(self, state: dict[str, Tensor], dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """The flat float vector ``[d]`` and int64 vector ``[m]`` of a ``state_dict``.
+
+        Raises ``ValueError`` when its keys or shapes are not the module's.
+        """
         try:
-            self.module.load_state_dict(record.to_torch_state_dict(), strict=True)
+            self.module.load_state_dict(state, strict=True)
         except RuntimeError as err:
             raise ValueError(f"the ArrayRecord does not hold this model's state_dict: {err}") from err
         return self.flat.get(dtype), self.flat.get_ints()

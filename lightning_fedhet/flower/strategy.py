@@ -6,7 +6,8 @@ Nothing of a rule is written again here. Each round goes through the same
 
     configure_train:  server.begin_round(t)      availability (connected nodes x participation) -> rule's selection
                       server.start_client(i)     global model + rule's per-client config -> a train Message to node(i)
-    aggregate_train:  server.submit(i, w_i - w_t) for each reply, in client-id order (non-finite ones rejected)
+    aggregate_train:  each reply checked (replies.ReplyCheck: untrusted input), then
+                      server.submit(i, w_i - w_t) for each good one, in client-id order
                       server.close_round()       the rule's aggregation -> w_{t+1}, one history record
 
 so the selection, the weights, the per-client memories and the history are the simulation's. What differs is who
@@ -45,9 +46,20 @@ from lightning_fedhet.flower.protocol import (
     ROUND,
     SEED,
     SERVER_ROUND,
-    TRAIN_LOSS,
     ModelCodec,
     weighted_metrics,  # re-exported: its earlier home
+)
+from lightning_fedhet.flower.replies import (
+    DUPLICATE,
+    FAILED,
+    NON_FINITE,
+    NOT_SENT_WORK,
+    UNKNOWN_NODE,
+    UPDATE_NORM,
+    RejectedReply,
+    ReplyCheck,
+    count_rejections,
+    round_group,
 )
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.seeding import resolve_seed
@@ -159,6 +171,7 @@ class FedHetFlowerStrategy(Strategy):
         self.seed = resolve_seed(spec.seed)
         self.evaluate_clients = bool(evaluate_clients)
         self.codec = ModelCodec(module)
+        self._replies = ReplyCheck(module)
         self.server: Server | None = None
         self.nodes: NodeMap | None = None
         self._availability = ConnectedNodes(spec.participation)
@@ -297,48 +310,77 @@ class FedHetFlowerStrategy(Strategy):
             )
             content = RecordDict({ARRAYS: record, CONFIG: train_config, CLIENT_CONFIG: ConfigRecord(start.config)})
             messages.append(
-                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes.node(client))
+                Message(
+                    content=content,
+                    message_type=MessageType.TRAIN,
+                    dst_node_id=self.nodes.node(client),
+                    group_id=round_group(plan.round),  # a reply carries it: one for another round is refused
+                )
             )
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Submit every answer to the Server (in client-id order) and close the round through the rule.
+        """Check every reply, submit the good ones to the Server (in client-id order) and close the round.
 
-        A reply with an error, from a node outside the round, or whose arrays are not the model's counts as a
-        lost upload (logged); a non-finite update is rejected by the Server and counted in the history.
+        Replies are untrusted (see :mod:`lightning_fedhet.flower.replies`): an error reply, a reply from a node that
+        is no client or was not sent work, one for another round, several for one client, a model whose names,
+        dtypes, shapes or sizes are not the module's, a non-finite value, or (with ``update_norm_action="reject"``)
+        an update longer than ``max_update_norm`` is rejected, logged and counted under its reason in
+        ``history[t]["replies_rejected"]``; nothing of it reaches the rule, and the round goes on without it.
         """
         server = self._require_server()
         plan = server.plan
         if plan is None:
             raise RuntimeError("aggregate_train without an open round: configure_train must come first")
-        answers: dict[int, RecordDict] = {}
+        refused: dict[str, list[int]] = {}
+
+        def refuse(node: int, reason: str, detail: str) -> None:
+            refused.setdefault(reason, []).append(int(node))
+            log.warning("round %d: rejected a reply from node %d (%s): %s", plan.round, node, reason, detail)
+
+        claims: dict[int, list[tuple[int, Message]]] = {}
         for reply in replies:
-            node = reply.metadata.src_node_id
+            node = int(reply.metadata.src_node_id)
             client = self.nodes.client(node)
             if reply.has_error():
-                log.warning("round %d: node %d (client %s) failed: %s", plan.round, node, client, reply.error.reason)
-            elif client is None or not bool(plan.trained[client]) or client in answers:
-                log.warning("round %d: ignored an unexpected reply from node %d", plan.round, node)
+                refuse(node, FAILED, f"client {client}: {reply.error.reason}")
+            elif client is None:
+                refuse(node, UNKNOWN_NODE, "the node is no client of this run")
+            elif not bool(plan.trained[client]):
+                refuse(node, NOT_SENT_WORK, f"client {client} was not asked to train in round {plan.round}")
             else:
-                answers[client] = reply.content
+                try:
+                    self._replies.check_envelope(reply, plan.round)
+                except RejectedReply as err:
+                    refuse(node, err.reason, str(err))
+                    continue
+                claims.setdefault(client, []).append((node, reply))
         losses = []
-        for client in sorted(answers):  # the simulation's order, so the float sums are the same
-            content = answers[client]
-            try:
-                vector, ints = self.codec.from_record(content[ARRAYS])
-            except (KeyError, ValueError) as err:
-                log.warning("round %d: client %d's reply has no usable model (%s): dropped", plan.round, client, err)
+        for client in sorted(claims):  # the simulation's order, so the float sums are the same
+            if len(claims[client]) > 1:  # which one is the node's is unknowable: none is taken
+                for node, _ in claims[client]:
+                    refuse(node, DUPLICATE, f"{len(claims[client])} replies for client {client}")
                 continue
-            metrics = content[METRICS] if METRICS in content.metric_records else {}
-            loss = float(metrics.get(TRAIN_LOSS, math.nan))
+            node, reply = claims[client][0]
+            try:
+                state, loss = self._replies.state_dict(reply)
+            except RejectedReply as err:
+                refuse(node, err.reason, str(err))
+                continue
+            vector, ints = self.codec.from_state_dict(state)
             delta = vector.to(server.global_vector) - server.global_vector
             int_delta = ints - server.global_ints if server.global_ints.numel() else None
             if server.submit(client, delta, loss, int_delta=int_delta):
                 losses.append(loss)
+            elif not bool(torch.isfinite(delta).all()):
+                refuse(node, NON_FINITE, "the update has a NaN or an infinity (rejected by the Server)")
+            else:
+                refuse(node, UPDATE_NORM, f"the update is longer than max_update_norm={self.max_update_norm}")
         new_vector = server.close_round()
         record = server.history[-1]
+        record["replies_rejected"] = {reason: sorted(nodes) for reason, nodes in sorted(refused.items())}
         metrics = MetricRecord(
             {
                 "round": plan.round,
@@ -346,10 +388,17 @@ class FedHetFlowerStrategy(Strategy):
                 "selected": len(record["selected"]),
                 "received": len(record["received"]),
                 "rejected": len(record["rejected"]),
+                "replies_rejected": sum(len(nodes) for nodes in refused.values()),
                 "train_loss": float(np.mean(losses)) if losses else math.nan,
             }
         )
         return self.codec.to_record(new_vector, server.global_ints), metrics
+
+    @property
+    def rejected_replies(self) -> dict[str, int]:
+        """Rejected train replies per reason over the whole run (every reason of
+        :data:`~lightning_fedhet.flower.replies.REASONS`, 0 when none)."""
+        return count_rejections(self.history)
 
     # ------------------------------------------------------------------ federated evaluation
     def configure_evaluate(
