@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,8 @@ from lightning_fedhet.server import Server
 from lightning_fedhet.spec import FederationSpec, SpecSetting, spec_from_arguments
 
 log = logging.getLogger("flwr")  # Flower's logger: the messages appear with Flower's own
+#: the layout of FedHetFlowerStrategy.state_dict (a file of another layout is refused)
+CHECKPOINT_FORMAT = 1
 
 
 class FedHetFlowerStrategy(Strategy):
@@ -103,6 +107,10 @@ class FedHetFlowerStrategy(Strategy):
         spec: the settings above (``evaluate_clients`` excepted) as one :class:`~lightning_fedhet.spec.FederationSpec`
             with ``num_clients`` set; what only a simulation has (a channel, a latency model, a deadline, a
             partitioner, an engine, ``optimizer_state="persist"``) is refused.
+        checkpoint_path: a file for the server-side checkpoint (:meth:`save_checkpoint`): written after every
+            round, and when it exists at :meth:`build` the run resumes from it, so a ServerApp started again with
+            the same arguments carries on where the last one stopped (``num_rounds`` of :meth:`start` counts the
+            rounds of the whole run). Default: no checkpoint.
 
     Attributes:
         spec: the run's :class:`~lightning_fedhet.spec.FederationSpec`.
@@ -135,6 +143,7 @@ class FedHetFlowerStrategy(Strategy):
         update_norm_action: str = "reject",
         evaluate_clients: bool = False,
         spec: FederationSpec | None = None,
+        checkpoint_path: str | os.PathLike | None = None,
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(
@@ -170,10 +179,12 @@ class FedHetFlowerStrategy(Strategy):
         self.spec = spec
         self.seed = resolve_seed(spec.seed)
         self.evaluate_clients = bool(evaluate_clients)
+        self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.codec = ModelCodec(module)
         self._replies = ReplyCheck(module)
         self.server: Server | None = None
         self.nodes: NodeMap | None = None
+        self._client_sizes: list[int] | None = None  # |D_i| as the nodes reported them (part of the configuration)
         self._availability = ConnectedNodes(spec.participation)
 
     # ------------------------------------------------------------------ public state
@@ -198,12 +209,20 @@ class FedHetFlowerStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Flower's ``Strategy.start`` after :meth:`setup` (``timeout`` also bounds the wait for the nodes)."""
+        """Flower's ``Strategy.start`` after :meth:`setup` (``timeout`` also bounds the wait for the nodes).
+
+        ``num_rounds`` counts the run's rounds: after a resume from ``checkpoint_path`` only those left are run (and
+        Flower's round numbers, 1-based, start again at 1 while the rule's round ``t`` carries on).
+        """
         self.setup(grid, initial_arrays, timeout=timeout)
+        done = self.server.next_round
+        if done:  # resumed from a checkpoint: the rounds left, from the checkpoint's global model
+            log.info("FedHetFlowerStrategy: resumed after round %d from %s", done - 1, self.checkpoint_path)
+            initial_arrays = self.codec.to_record(self.server.global_vector, self.server.global_ints)
         return super().start(
             grid,
             initial_arrays,
-            num_rounds=num_rounds,
+            num_rounds=max(num_rounds - done, 0),
             timeout=timeout,
             train_config=train_config,
             evaluate_config=evaluate_config,
@@ -270,6 +289,9 @@ class FedHetFlowerStrategy(Strategy):
         if optimizer is not None:
             self.algorithm.check_client_solver(optimizer, "reset")
         self.nodes, self.server = nodes, server
+        self._client_sizes = [int(size) for size in sizes]
+        if self.checkpoint_path is not None and self.checkpoint_path.exists():
+            self.load_checkpoint(self.checkpoint_path)
 
     def _require_server(self) -> Server:
         if self.server is None:
@@ -381,6 +403,8 @@ class FedHetFlowerStrategy(Strategy):
         new_vector = server.close_round()
         record = server.history[-1]
         record["replies_rejected"] = {reason: sorted(nodes) for reason, nodes in sorted(refused.items())}
+        if self.checkpoint_path is not None:
+            self.save_checkpoint(self.checkpoint_path)
         metrics = MetricRecord(
             {
                 "round": plan.round,
@@ -399,6 +423,73 @@ class FedHetFlowerStrategy(Strategy):
         """Rejected train replies per reason over the whole run (every reason of
         :data:`~lightning_fedhet.flower.replies.REASONS`, 0 when none)."""
         return count_rejections(self.history)
+
+    # ------------------------------------------------------------------ server-side checkpoint
+    def state_dict(self) -> dict:
+        """Everything the run needs to carry on between rounds: the Server's state (global model, the rule's
+        memories, the history, the round counter) and a description of the run's configuration.
+
+        The participation, selection and local-step draws are pure functions of ``(seed, round)`` (the draw of
+        round ``t`` never depends on the draws before it), so the seed and the round counter are their whole
+        random state: a resumed run draws round ``t`` exactly as the uninterrupted one.
+        """
+        server = self._require_server()
+        return {"format": CHECKPOINT_FORMAT, "configuration": self._configuration(), "server": server.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` into the built Server; refuses a state of another configuration."""
+        server = self._require_server()
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"not a FedHetFlowerStrategy checkpoint of format {CHECKPOINT_FORMAT} (found format {found!r})"
+            )
+        mine, theirs = self._configuration(), state["configuration"]
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if differ:
+            lines = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {mine.get(k)!r}" for k in differ)
+            raise ValueError(f"the checkpoint is of another configuration ({lines}): start a new checkpoint_path "
+                             "or run with the checkpoint's settings")
+        server.load_state_dict(state["server"])
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write :meth:`state_dict` to ``path`` (between rounds). The file is replaced atomically, so a server killed
+        while writing leaves the previous round's checkpoint whole."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        torch.save(self.state_dict(), partial)
+        os.replace(partial, path)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore a :meth:`save_checkpoint` file into the built Server (tensors and plain containers only:
+        ``torch.load(weights_only=True)``, so a file cannot run code)."""
+        try:
+            state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        except Exception as err:  # a truncated file, another format, or a pickle that weights_only refuses
+            raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err})") from err
+        self.load_state_dict(state)
+        log.info("FedHetFlowerStrategy: loaded %s (next round %d)", path, self.server.next_round)
+
+    def _configuration(self) -> dict[str, str]:
+        """What a checkpoint must agree on with the run that loads it (as strings)."""
+        spec = self.spec
+        return {
+            "algorithm": repr(spec.algorithm),
+            "num_clients": str(self.num_clients),
+            "participation": repr(spec.participation),
+            "local_steps": repr(spec.local_steps),
+            "selection": repr(spec.selection),
+            "seed": str(self.seed),
+            "client_weights": str(spec.client_weights),
+            "max_update_norm": repr(spec.max_update_norm),
+            "update_norm_action": str(spec.update_norm_action),
+            "model": ", ".join(
+                f"{name}:{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+                for name, t in self.module.state_dict().items()
+            ),
+            "client_sizes": repr(self._client_sizes),
+        }
 
     # ------------------------------------------------------------------ federated evaluation
     def configure_evaluate(
