@@ -203,7 +203,8 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     """Protocol v2: every seed of ``seeds`` at once (:func:`lightning_fedhet.multiseed.fit_seeds`, their cohorts
     stacked in one vmap per round on ``device``), evaluated on the full test set every ``eval_every`` rounds.
 
-    ``device`` defaults to ``"cuda"``, refused without one (these cells wait for a GPU: ``scripts/gpu/fedau_v2.py``);
+    ``device`` defaults to ``"cuda"`` for the protocol's cells (``needs_gpu``), refused without one (they wait for a
+    GPU: ``scripts/gpu/fedau_v2.py``), and to the CPU for a cheap variant without ``needs_gpu`` (e.g. a canary);
     ``rounds`` overrides the cell's (the protocol's ladder when the GPU budget is short; the record says which);
     past ``deadline`` (a ``time.time()`` value) the run raises :class:`OutOfTime` at its next evaluation;
     ``progress(seconds_since_start, rounds_done)`` is called at every evaluation; ``checksum=False`` skips the
@@ -215,7 +216,7 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     c = cell.config
     if c.get("eval_on") != FULL_TEST_SET:
         return [run_cell(cell, seed) for seed in seeds]
-    device = device or "cuda"
+    device = device or ("cuda" if c.get("needs_gpu") else "cpu")  # a cheap variant (a canary) may run on the CPU
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"fedau {cell.setting} / {cell.method}: protocol v2's cells wait for a GPU (run "
                          "scripts/gpu/fedau_v2.py on one); no CUDA device here")
