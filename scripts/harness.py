@@ -453,7 +453,14 @@ def report(out: Path, root: Path = RESULTS, studies: dict[str, Study] | None = N
     rows = []
     for name, study in studies.items():
         records = load_records(root, name)
-        for summary in study.report(records, out):
+        summaries = study.report(records, out)
+        # every page ends with "Against the authors' code", from records/<study>/referee/ (scripts/referee)
+        from referee import section
+
+        page = out / f"{name}.md"
+        text = page.read_text().rstrip("\n") + "\n\n" if page.is_file() else ""
+        page.write_text(text + "\n".join(section(root, name)).rstrip("\n") + "\n")
+        for summary in summaries:
             rows.append((f"[{study.title}]({name}.md)", summary.claim, summary.paper, summary.ours,
                          f"**{summary.verdict}**", compute_used(records)))
     index = [

@@ -54,10 +54,14 @@ def _result(r: dict) -> str:
     return f"**{verdict}** over {r['cases']} seeds"
 
 
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|")  # a bar inside a cell ("max |a - b|") would split the column
+
+
 def _table(table: dict) -> list[str]:
-    header = [str(h) for h in table["header"]]
+    header = [_cell(h) for h in table["header"]]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in table["rows"]]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table["rows"]]
     return lines
 
 
@@ -75,12 +79,13 @@ def section(root: Path, study: str) -> list[str]:
     ]
     for r in records:
         a = r["authors"]
+        compared = r.get("status", "compared") == "compared"
         lines += [
             f"### {r['title']}\n",
             f"- Authors' code: [{a['repo']}](https://github.com/{a['repo']}) at `{str(a['commit'])[:7]}` "
             f"({', '.join(f'`{f}`' for f in a['files'])})",
-            f"- Compared ({r['kind']}): {r['inputs']['description']}"
-            + (f"; seeds {_seeds(r['inputs']['seeds'])}" if r["inputs"].get("seeds") else ""),
+            *([f"- Compared ({r['kind']}): {r['inputs']['description']}"
+               + (f"; seeds {_seeds(r['inputs']['seeds'])}" if r["inputs"].get("seeds") else "")] if compared else []),
             f"- Result: {_result(r)}",
             f"- Run at commit `{r['commit']}`{' (uncommitted changes)' if r.get('dirty') else ''}, torch "
             f"{r['torch']}, Python {r['python']}, {r['device']}\n",
