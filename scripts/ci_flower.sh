@@ -60,7 +60,12 @@ if grep -qE "^SKIPPED|[0-9]+ skipped" "$LOG"; then
   exit 1
 fi
 
-# 2. The example app through Flower's own command (a local SuperLink in simulation mode, 4 nodes, 1 round).
+# 2. A real SuperLink on localhost with TLS and SuperNode authentication: a registered SuperNode comes online, one
+#    whose key is not registered is refused (docs/flower.md, "Deploying for real").
+echo "[flower] TLS and SuperNode authentication"
+PATH="$PWD/$VENV/bin:$PATH" timeout 300 bash scripts/flower_auth_check.sh
+
+# 3. The example app through Flower's own command (a local SuperLink in simulation mode, 4 nodes, 1 round).
 #    FLWR_HOME is a fresh folder, so the SuperLink that `flwr run` starts (and leaves running) is ours to stop.
 FLWR_HOME="$(mktemp -d)"
 export FLWR_HOME
