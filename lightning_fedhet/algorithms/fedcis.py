@@ -43,7 +43,11 @@ Every named strategy sums to 1 (the released code normalises every ``Lt``).
    arriving non-root node trains are the root's model as is. When the root's update did not arrive (partial
    participation, a lost upload; the code always has it) ``w_r = w_t``. In delta form, as computed here (one stored
    ``delta_r`` and one running sum): ``w_{t+1} = w_t + delta_r + server_lr * (sum_c a_c M_{e_c} ⊙ delta_c -
-   sum_e A_e M_e ⊙ delta_r)``, ``A_e = sum_{c != r, e_c = e} a_c``. It needs a single root.
+   sum_e A_e M_e ⊙ delta_r)``, ``A_e = sum_{c != r, e_c = e} a_c``. It needs a single root. This is what the
+   released ``aggregate()`` *means* to do; as released (commit 7c7f1bc) it never writes the aggregated exit heads
+   back (it accumulates them in ``classifiers[e_block - 1]`` but applies ``classifiers[block]`` for the blocks 3 and
+   9, which hold nothing), so in the authors' runs every head stays the root's own. Here the heads are aggregated;
+   the blocks agree with the released code within 9e-16 (``scripts/referee/fedcis.py``), the heads do not.
 3. *Meaning of p.* A scalar ``p`` is the thesis's parametrisation (§5.4, App. G: "the probability that a given
    client will train **each** of its smaller exits"): ``p_{i,e} = p`` for ``e < E_i`` and
    ``p_{i,E_i} = 1 - (E_i - 1) p`` (:func:`sampling_matrix`), so ``0 <= p <= 1 / (max_i E_i - 1)``. Any other
@@ -150,7 +154,8 @@ class FedCIS(Algorithm):
         correct_participation: also divide by the node's selection probability
             (``RoundContext.participation_probs``); only useful under partial participation.
         aggregation_base: ``"literal"`` (Algorithm 6: deltas added to ``w_t``, default) or ``"root_local"`` (the
-            released code: deltas relative to the root's trained model, added to it; module docstring, point 2).
+            released code's base: deltas relative to the root's trained model, added to it, heads included, which
+            the released code means but does not do; module docstring, point 2).
         exit_masks: bool ``[E, d]``, coordinate ``j`` of the flat vector belongs to exit ``e``'s sub-model; required
             by ``"root_local"`` (and only used there), checked against ``d`` at :meth:`setup`. See
             :func:`exit_masks`.
