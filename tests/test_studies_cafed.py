@@ -170,3 +170,18 @@ def cafed_rule():
     from lightning_fedhet.algorithms import CAFed
 
     return CAFed
+
+
+def test_a_v2_page_with_records_labels_c1_not_testable_and_keeps_the_estimate(tmp_path):
+    # v1 `rescaled` records with CA-Fed alternating +-5 pp around the others: C1 and C3 need far more than v2's 20
+    # seeds; C2 (no power rule) stays pending at 3 of 20 seeds
+    records = []
+    for seed in range(10):
+        j = 0.05 * (1 if seed % 2 else -1)
+        records += [_record("rescaled", m, seed, 0.7 + (j if m == "CA-Fed" else 0.0)) for m in cafed.METHODS]
+    records += [{**_record("authors-recipe", m, seed, 0.4), "protocol": "v2"} for m in cafed.METHODS
+                for seed in range(3)]
+    summaries = {s.claim.split(":")[0]: s for s in cafed.write_report(records, tmp_path)}
+    assert summaries["v2, C1"].verdict.startswith("not testable here (needs ")
+    assert summaries["v2, C3"].verdict.startswith("not testable here (needs ")
+    assert summaries["v2, C1"].ours.startswith("0.0 pp") and summaries["v2, C2"].verdict == "pending"

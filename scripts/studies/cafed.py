@@ -504,9 +504,9 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         mean, lo, hi, n = diffs[worst]
         verdicts["C2"] = (f"smallest gap: CA-Fed − {worst} = " + harness.fmt_ci(mean, lo, hi, unit=" pp")
                           + f", {n} seeds", pending or _verdict_best(diffs))
-    for claim, text in (not_testable or {}).items():
+    for claim, ruled_out in (not_testable or {}).items():
         if claim in verdicts:
-            verdicts[claim] = (verdicts[claim][0], text)
+            verdicts[claim] = (verdicts[claim][0], ruled_out)
     verdicts = {k: verdicts[k] for k in CLAIMS if k in verdicts}
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
@@ -587,6 +587,8 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
                                               ruled_out if protocol == "v2" else None)
             lines.append(text)
             primary = setting == PRIMARY[protocol]
+            if primary:  # a claim whose methods have no records yet is still listed, as pending
+                verdicts = {k: verdicts.get(k, ("–", "pending")) for k in CLAIMS}
             for k, (ours, verdict) in verdicts.items():
                 label = "" if primary else f" [setting {setting}]"
                 if primary or k != "C2":

@@ -319,9 +319,9 @@ def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int
         verdicts["U3"] = (f"UDMA-PL {harness.fmt_ci(*acc)} %; oscillation − UPGA-PL's "
                           + harness.fmt_ci(*od[:3], unit=" pp") + f", {od[3]} seeds",
                           pending or _verdict_udmapl(acc[0], od))
-    for claim, text in (not_testable or {}).items():
+    for claim, ruled_out in (not_testable or {}).items():
         if claim in verdicts:
-            verdicts[claim] = (verdicts[claim][0], text)
+            verdicts[claim] = (verdicts[claim][0], ruled_out)
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
              harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
