@@ -12,7 +12,9 @@ class NodeMap:
     """A one-to-one map between ``num_clients`` Flower node ids and the client ids ``0 .. N-1``.
 
     The rules keep per-client state (stale updates, participation intervals) indexed by client id, so the map is
-    fixed once, before round 0, and never changes during the run: client ``i`` is always node ``node_ids[i]``.
+    made once, before round 0, and a client's id never changes during the run; only its node may, when the node
+    re-registers under a new node id (:meth:`with_node`, used by the strategy for a newcomer that names the
+    partition of a client whose node is gone).
 
     Args:
         node_ids: the node id of each client, in client-id order (distinct).
@@ -63,6 +65,15 @@ class NodeMap:
                 f"0 .. {num_clients - 1})"
             )
         return cls(owner[i] for i in range(num_clients))
+
+    def with_node(self, client: int, node: int) -> NodeMap:
+        """This map with client ``client`` moved to node ``node`` (its node re-registered under a new id); ``node``
+        must be no client's node yet."""
+        if self.client(node) is not None:
+            raise ValueError(f"node {node} is already client {self.client(node)}'s")
+        node_ids = list(self.node_ids)
+        node_ids[client] = int(node)
+        return NodeMap(node_ids)
 
     @property
     def num_clients(self) -> int:

@@ -185,6 +185,8 @@ class FedHetFlowerStrategy(Strategy):
         self.server: Server | None = None
         self.nodes: NodeMap | None = None
         self._client_sizes: list[int] | None = None  # |D_i| as the nodes reported them (part of the configuration)
+        self._outsiders: set[int] = set()  # connected nodes that are no client (asked once, not asked again)
+        self._query_timeout = 3600.0  # how long a newcomer's start-up query may take (start's timeout)
         self._availability = ConnectedNodes(spec.participation)
 
     # ------------------------------------------------------------------ public state
@@ -231,8 +233,11 @@ class FedHetFlowerStrategy(Strategy):
 
     def setup(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600) -> None:
         """:meth:`discover` the nodes, then :meth:`build` the Server from ``initial_arrays`` (the global model w_0)."""
+        self._query_timeout = float(timeout)
         nodes, sizes = self.discover(grid, timeout)
         self.build(nodes, sizes, initial_arrays)
+        # the nodes discover asked that are no client (extra SuperNodes): not asked again each round
+        self._outsiders = {int(node) for node in grid.get_node_ids() if nodes.client(node) is None}
 
     def discover(self, grid: Grid, timeout: float = 3600) -> tuple[NodeMap, list[int]]:
         """Wait for ``num_clients`` nodes, ask each for its sample count and ``partition-id`` (one ``query.fedhet``
@@ -307,7 +312,9 @@ class FedHetFlowerStrategy(Strategy):
         ``arrays`` (Flower's copy of the global model) is not used: the server's own global model is sent.
         """
         server = self._require_server()
-        self._availability.observe(self.nodes.mask(grid.get_node_ids()))
+        connected = [int(node) for node in grid.get_node_ids()]
+        self._adopt_new_nodes(grid, connected)
+        self._availability.observe(self.nodes.mask(connected))
         plan = server.begin_round(server.next_round)
         trained = plan.trained_ids
         log.info(
@@ -340,6 +347,43 @@ class FedHetFlowerStrategy(Strategy):
                 )
             )
         return messages
+
+    def _adopt_new_nodes(self, grid: Grid, connected: list[int]) -> None:
+        """Give a client whose node re-registered under a new node id (a SuperNode restarted without a persistent
+        key) its new node: every connected node outside the map is asked the start-up query once, and one naming
+        the ``partition-id`` of a client whose node is no longer connected, with that client's sample count,
+        becomes that client's node (id, memories and history kept). A newcomer naming no partition, one out of
+        range, or another sample count is not asked again; one naming a client whose node is still connected is
+        asked again next round (the old node may still be timing out)."""
+        newcomers = [node for node in connected if self.nodes.client(node) is None and node not in self._outsiders]
+        if not newcomers:
+            return
+        queries = [
+            Message(content=RecordDict({CONFIG: ConfigRecord({SEED: self.seed})}), message_type=QUERY, dst_node_id=n)
+            for n in newcomers
+        ]
+        online = set(connected)
+        for reply in grid.send_and_receive(queries, timeout=self._query_timeout):
+            node = int(reply.metadata.src_node_id)
+            if node not in newcomers or self.nodes.client(node) is not None:
+                continue
+            try:
+                metrics = reply.content[METRICS]
+                client, size = int(metrics[PARTITION_ID]), int(metrics[NUM_EXAMPLES])
+            except Exception as err:  # an error reply, no metrics, no partition-id: untrusted, so anything
+                log.warning("node %d joined but gave no usable partition-id (%s): not a client", node, err)
+                self._outsiders.add(node)
+                continue
+            if not 0 <= client < self.num_clients or size != int(self.server.client_sizes[client]):
+                log.warning("node %d joined as partition %d with %d samples: no such client of this run", node,
+                            client, size)
+                self._outsiders.add(node)
+            elif self.nodes.node(client) in online:
+                log.warning("node %d claims client %d, whose node %d is still connected: not now", node, client,
+                            self.nodes.node(client))
+            else:
+                log.info("client %d is now node %d (its node %d is gone)", client, node, self.nodes.node(client))
+                self.nodes = self.nodes.with_node(client, node)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -1,5 +1,5 @@
-"""The server-side checkpoint: a ServerApp that dies and starts again with the same arguments carries on to the
-uninterrupted result.
+"""Restarts: a ServerApp that dies and starts again from its server-side checkpoint, and a SuperNode that comes back
+under a new node id, both carry on to the uninterrupted result.
 
 The rounds run through Flower's own ``Strategy.start`` loop against an in-process grid that hands each message to
 a ``LightningClient`` (one per node, each holding its partition of tests/flower/scenario.py), so no Ray start-up is
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.sh runs this with Flower
 
 import torch  # noqa: E402
-from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict  # noqa: E402
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from lightning_fedhet.algorithms import FedAvg, FedVARP  # noqa: E402
@@ -47,7 +47,7 @@ class InProcessGrid:
     i.e. in the middle of that round, after the previous round's checkpoint was written.
     """
 
-    def __init__(self, die_at_train: int | None = None) -> None:
+    def __init__(self, die_at_train: int | None = None, after_train: dict | None = None) -> None:
         self.client = LightningClient(
             lambda context: scenario.module(),
             lambda context: scenario.node_dataset(int(context.node_config["partition-id"])),
@@ -59,9 +59,19 @@ class InProcessGrid:
         }
         self.die_at_train = die_at_train
         self.train_batches = 0
+        # train batch k -> what happens to the nodes right after it (see restart, join)
+        self.after_train = after_train or {}
+        self.node_ids = list(NODE_IDS)
+        self.queried: list[int] = []
 
     def get_node_ids(self) -> list[int]:
-        return list(NODE_IDS)
+        return list(self.node_ids)
+
+    def join(self, node: int, partition: int | None) -> None:
+        """A node joins (``partition=None``: its node config names none)."""
+        config = {} if partition is None else {"partition-id": partition}
+        self.contexts[node] = Context(run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={})
+        self.node_ids.append(node)
 
     def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
         messages = list(messages)
@@ -69,10 +79,29 @@ class InProcessGrid:
             self.train_batches += 1
             if self.train_batches == self.die_at_train:
                 raise ServerKilled("the ServerApp process was killed in the middle of a round")
-        handlers = {QUERY: self.client.query, MessageType.TRAIN: self.client.train}
-        return [
-            handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id]) for m in messages
-        ]
+        handlers = {QUERY: self._query, MessageType.TRAIN: self.client.train}
+        replies = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            if node not in self.node_ids:  # what the SuperLink answers for a node that is gone
+                replies.append(Message(Error(code=5, reason="node unavailable"), reply_to=m))
+            else:
+                replies.append(handlers[m.metadata.message_type](m, self.contexts[node]))
+        if messages and messages[0].metadata.message_type == MessageType.TRAIN:
+            self.after_train.get(self.train_batches, lambda grid: None)(self)
+        return replies
+
+    def restart(self, old: int, new: int) -> None:
+        """Node ``old`` is gone, and its SuperNode is back under node id ``new``."""
+        partition = self.contexts[old].node_config["partition-id"]
+        self.node_ids.remove(old)
+        self.join(new, partition)
+
+    def _query(self, msg: Message, context: Context) -> Message:
+        self.queried.append(context.node_id)
+        if "partition-id" not in context.node_config:  # a node of no partition holds no data here
+            return Message(RecordDict({"metrics": MetricRecord({"num-examples": 0})}), reply_to=msg)
+        return self.client.query(msg, context)
 
 
 def _strategy(path=None, rule=FedVARP) -> FedHetFlowerStrategy:
@@ -175,3 +204,31 @@ class _Pickled:
 
     def __setstate__(self, state):
         _Pickled.unpickled = True
+
+
+def test_a_node_back_under_a_new_node_id_keeps_its_client_id_and_memories(uninterrupted):
+    """Client 1's SuperNode dies after round 0 and comes back (no persistent key) as node 602 before round 1, in
+    which the trace makes client 1 available: the strategy asks the newcomer its partition-id, moves client 1 to
+    node 602, and the run equals the uninterrupted one (the same clients train, FedVARP's memory of client 1 is
+    used). Slip caught: a node map fixed for the whole run (client 1 never trains again), or the newcomer taken as a
+    new client (memories lost)."""
+    strategy = _strategy()
+    grid = InProcessGrid(after_train={1: lambda grid: grid.restart(NODE_IDS[1], 602)})
+    _start(strategy, grid)
+    assert strategy.nodes.node_ids == [NODE_IDS[0], 602, NODE_IDS[2], NODE_IDS[3]]
+    assert 1 in strategy.history[1]["received"].tolist()
+    assert float((strategy.global_params - uninterrupted.global_params).abs().max()) <= 1e-6
+    _same_history(strategy.history, uninterrupted.history)
+
+
+def test_newcomers_that_are_no_clients_are_not_adopted():
+    """A node naming no partition is asked once and never again; a node claiming client 0 while client 0's node is
+    still connected does not take it over (asked again each round, in case the old node is only timing out).
+    Slip caught: a hijack of a connected client's id, or a query to every stranger every round."""
+    strategy = _strategy()
+    # after round 0: a node of no partition, and an impostor of client 0, whose node 501 stays connected
+    grid = InProcessGrid(after_train={1: lambda grid: (grid.join(700, None), grid.join(701, 0))})
+    _start(strategy, grid)
+    assert strategy.nodes.node_ids == NODE_IDS
+    assert grid.queried.count(700) == 1
+    assert grid.queried.count(701) == scenario.ROUNDS - 1  # before rounds 1 and 2
