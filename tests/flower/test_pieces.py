@@ -39,6 +39,14 @@ def test_without_partition_ids_the_smallest_node_ids_are_the_clients():
     assert nodes.node_ids == [10, 20]
 
 
+def test_a_client_moves_to_its_new_node_and_keeps_its_id():
+    """Slip caught: the old node still mapped (two nodes for one client) or a node given two clients."""
+    nodes = NodeMap([5, 6, 7]).with_node(1, 9)
+    assert nodes.node_ids == [5, 9, 7] and nodes.client(9) == 1 and nodes.client(6) is None
+    with pytest.raises(ValueError, match="node 7 is already client 2's"):
+        nodes.with_node(0, 7)
+
+
 def test_partitions_beyond_num_clients_are_left_out():
     assert NodeMap.from_partitions({1: 0, 2: 1, 3: 5}, num_clients=2).node_ids == [1, 2]
 
