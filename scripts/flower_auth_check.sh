@@ -50,7 +50,7 @@ root-certificates = "$WORK/certs/ca.crt"
 TOML
 
 flower-superlink --ssl-ca-certfile certs/ca.crt --ssl-certfile certs/server.pem --ssl-keyfile certs/server.key \
-  --enable-supernode-auth --port "$PORT" --database "$WORK/superlink.db" > superlink.log 2>&1 &
+  --enable-supernode-auth --disable-runtime-dependency-installation --port "$PORT" --database "$WORK/superlink.db" > superlink.log 2>&1 &
 PIDS+=($!)
 for _ in $(seq 120); do  # until the SuperLink answers over TLS (at most 60 s)
   flwr supernode ls local > /dev/null 2>&1 && break
