@@ -618,6 +618,9 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
     return summaries
 
 
+#: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
+CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
+
 STUDY = harness.Study(
     name="cafed",
     title="CA-Fed (thesis ch. 2)",
@@ -628,4 +631,5 @@ STUDY = harness.Study(
     run_seeds=run_seeds,
     report=write_report,
     threads=1,
+    canary=CANARY,
 )

@@ -451,5 +451,10 @@ def write_report(records: list[dict], out) -> list:
     return summaries
 
 
+#: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
+CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method,
+                      {**CELLS[0].config, "num_clients": 50, "rounds": 4, "eval_every": 2, "metric_window_rounds": 2,
+                       "needs_gpu": False})
+
 STUDY = harness.Study(name="fedau", title="FedAU", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
-                      report=write_report, threads=1, run_seeds=run_seeds)
+                      report=write_report, threads=1, run_seeds=run_seeds, canary=CANARY)

@@ -356,5 +356,8 @@ def write_report(records: list[dict], out) -> list:
     return v2_summaries + summaries
 
 
+#: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
+CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 2})
+
 STUDY = harness.Study(name="fedcis", title="Fed-CIS", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
-                      report=write_report, threads=1)
+                      report=write_report, threads=1, canary=CANARY)

@@ -422,6 +422,9 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
     return summaries
 
 
+#: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
+CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
+
 STUDY = harness.Study(
     name="upgapl",
     title="UPGA-PL (thesis ch. 4)",
@@ -431,4 +434,5 @@ STUDY = harness.Study(
     run=run_cell,
     report=write_report,
     threads=1,
+    canary=CANARY,
 )
