@@ -76,17 +76,8 @@ def series(curve: list[tuple[int, dict[str, float]]]) -> dict[str, list[float]]:
 
 def data_checksum(client_indices, *tensors) -> str:
     """sha256 (hex) of the training data a run actually used: each client's size, then every tensor (inputs,
-    labels after any relabelling) gathered in client order. Two runs with the same checksum trained on the same
-    bytes with the same partition, whatever code produced them."""
-    import hashlib
+    labels after any relabelling) gathered in client order (``lightning_fedhet.experiments.checksum``, the one
+    implementation). Two runs with the same checksum trained on the same bytes with the same partition."""
+    from lightning_fedhet.experiments import checksum
 
-    import numpy as np
-    import torch
-
-    order = np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i in client_indices])
-    digest = hashlib.sha256(np.asarray([len(i) for i in client_indices], dtype=np.int64).tobytes())
-    for tensor in tensors:
-        gathered = torch.as_tensor(tensor)[torch.from_numpy(order)].contiguous()
-        digest.update(str((gathered.dtype, tuple(gathered.shape))).encode())
-        digest.update(gathered.numpy().tobytes())
-    return digest.hexdigest()
+    return checksum(client_indices, *tensors)
