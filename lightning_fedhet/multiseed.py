@@ -3,7 +3,7 @@
 A study needs 5 to 10 seeds of every configuration. The seeds differ only in their draws (participation, selection,
 channel, local steps, data order), their initial global model and their rule's state, so their rounds can share
 the work: every round, the cohorts of all ``S`` federations are stacked into one ``torch.func.vmap`` cohort (the
-vmap engine's lock-step training, :mod:`lightning_fedhet.engines.vmap`), and each trained row goes back to its own
+vmap engine's lock-step scheduler, :mod:`lightning_fedhet.engines.lockstep`), and each trained row goes back to its own
 federation's :class:`~lightning_fedhet.server.Server`, which aggregates it with its own rule. Each seed's result is
 its own single-seed run's (``Trainer(strategy=FedHetStrategy(seed=s, ...)).fit(...)``) within float tolerance;
 the engine contract test checks it.
@@ -30,7 +30,7 @@ an ``evaluate`` callback made at chosen rounds::
     runs = fit_seeds(build, seeds=range(10), rounds=200, eval_every=10, evaluate=evaluate)
     runs[3].history, runs[3].evals, runs[3].module     # seed 3's rounds, [(round, metrics)], final global model
 
-What runs: everything the vmap engine runs (:class:`~lightning_fedhet.engines.vmap.VmapCohort`; ``compile`` as the
+What runs: everything the vmap engine runs (:class:`~lightning_fedhet.engines.cohort.VmapCohort`; ``compile`` as the
 strategy asks), with every rule (each seed has its own rule instance: stale memories, estimators and CA-Fed's probe
 losses included), participation process, channel, latency model and deadline. Learning-rate schedulers with
 ``interval="epoch"`` step once per round as Lightning steps them (they are the same for every seed).
@@ -55,16 +55,11 @@ from lightning.pytorch import seed_everything
 from torch import Tensor
 
 from lightning_fedhet._checks import check_int
+from lightning_fedhet.engines._compiled import VmapUnsupported
 from lightning_fedhet.engines.base import apply_client_config, log_reduction, probe_losses, reduce_logged
-from lightning_fedhet.engines.vmap import (
-    StateLayout,
-    VmapUnsupported,
-    build_groups,
-    check_vmap_setup,
-    lock_step_batches,
-    run_lock_steps,
-    submit_groups,
-)
+from lightning_fedhet.engines.layout import StateLayout
+from lightning_fedhet.engines.lockstep import LockStepRound
+from lightning_fedhet.engines.vmap import check_vmap_setup
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.history import round_metrics
 from lightning_fedhet.server import Server
@@ -184,15 +179,13 @@ def fit_seeds(
                 return probe_losses(run.module, run.flat, run.server, to_device, round, available)
 
             members.append((server, server.begin_round(server.next_round, probe=probe)))
-        groups = build_groups(carrier, optimizer, members, configure, compile, layout)
+        lock_steps = LockStepRound(carrier, optimizer, members, configure, compile, layout)
         logs: dict = {}
         display: dict = {}
-        if groups:
-            steps = max(int(plan.local_steps.max()) for _, plan in members if plan.trained_ids)
-            lock_step = lock_step_batches(members, groups, to_device)
-            logs, display = run_lock_steps(groups, _Steps(lock_step, steps), 0, configure)
-            submit_groups(members, groups)
-        losses = _train_losses(groups, len(runs))
+        if lock_steps.groups:
+            logs, display = lock_steps.run(lock_steps.batches(to_device))
+            lock_steps.submit()
+        losses = lock_steps.member_losses()
         # per logged name, the reduction training_step asked for (as the vmap engine logs it)
         reductions = {name: log_reduction(name, shown.get("reduce_fx", "mean")) for name, shown in display.items()}
         for owner, run in enumerate(runs):
@@ -216,27 +209,6 @@ def fit_seeds(
     for run in runs:
         run.load_global()
     return runs
-
-
-class _Steps:
-    """A round's lock-steps as :func:`run_lock_steps` iterates them (``len`` and ``lock_step``)."""
-
-    def __init__(self, lock_step: Callable[[int], list], num_steps: int) -> None:
-        self.lock_step, self.num_steps = lock_step, num_steps
-
-    def __len__(self) -> int:
-        return self.num_steps
-
-
-def _train_losses(groups: Sequence, num_runs: int) -> list[float]:
-    """Each federation's mean training loss over the clients that trained this round (NaN if none)."""
-    sums, counts = [0.0] * num_runs, [0] * num_runs
-    for group in groups:
-        for owner, loss in zip(group.owners.tolist(), group.cohort.mean_losses().tolist()):
-            if loss == loss:  # NaN: a client with no step
-                sums[owner] += loss
-                counts[owner] += 1
-    return [s / c if c else float("nan") for s, c in zip(sums, counts)]
 
 
 def _build_seed(build: Build, seed: int, device: torch.device) -> tuple[SeedRun, torch.optim.Optimizer, list]:

@@ -34,7 +34,8 @@ from lightning_fedhet.engines._compiled import (
     make_grad_step,
     make_loss,
 )
-from lightning_fedhet.engines.vmap import StateLayout, check_vmap_support
+from lightning_fedhet.engines.cohort import check_vmap_support
+from lightning_fedhet.engines.layout import StateLayout
 
 #: a CPU run compiles the cohort step only from this many rounds on (compiling a small model costs seconds)
 COMPILE_MIN_ROUNDS = 200

@@ -184,14 +184,14 @@ def test_a_cpu_cohort_keeps_freed_memory_on_glibc(monkeypatch):
     # slip caught: the call dropped from VmapCohort (a 5-17 % slower CNN round on a CPU, and no other symptom)
     import platform
 
-    import lightning_fedhet.engines.vmap as vmap_module
+    import lightning_fedhet.engines.cohort as cohort_module
     from lightning_fedhet.engines import _malloc
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
     calls = []
-    monkeypatch.setattr(vmap_module, "keep_freed_memory", lambda: calls.append(1) or _malloc.keep_freed_memory())
+    monkeypatch.setattr(cohort_module, "keep_freed_memory", lambda: calls.append(1) or _malloc.keep_freed_memory())
     model = TinyClassifier()
-    vmap_module.VmapCohort(model, torch.optim.SGD(model.parameters(), lr=0.1), [0, 1], np.array([1, 1]))
+    cohort_module.VmapCohort(model, torch.optim.SGD(model.parameters(), lr=0.1), [0, 1], np.array([1, 1]))
     assert calls == [1]
     assert _malloc.keep_freed_memory() is True  # glibc accepted the thresholds

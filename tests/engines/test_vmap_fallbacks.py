@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from lightning_fedhet.engines import _compiled
-from lightning_fedhet.engines.vmap import VmapCohort, VmapUnsupported, _warn_compile_failed, check_vmap_support
+from lightning_fedhet.engines._compile_policy import warn_compile_failed
+from lightning_fedhet.engines.cohort import VmapCohort, VmapUnsupported, check_vmap_support
 from tests.engines.test_vmap_compile import STEPS, Wrapped, batches, logistic, per_client_state, run_cohort
 from tests.helpers import error_text
 
@@ -112,7 +113,7 @@ def test_the_failure_warning_names_the_type_and_first_line_of_the_cause_within_4
     def warned(err: Exception) -> str:
         entry = types.SimpleNamespace(failed=None)
         with pytest.warns(RuntimeWarning) as record:
-            _warn_compile_failed(entry, err)
+            warn_compile_failed(entry, err)
         message = str(record[0].message)
         assert message == (f"torch.compile could not compile the vmap cohort step ({entry.failed}); "
                            "running it uncompiled")
@@ -127,7 +128,7 @@ def test_the_failure_warning_names_the_type_and_first_line_of_the_cause_within_4
     entry = types.SimpleNamespace(failed="RuntimeError: first")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_compile_failed(entry, ValueError("second"))
+        warn_compile_failed(entry, ValueError("second"))
     assert entry.failed == "RuntimeError: first"
 
 

@@ -17,18 +17,10 @@ import torch
 
 from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.engines._compiled import VmapUnsupported
-from lightning_fedhet.engines.vmap import (
-    StateLayout,
-    VmapCohort,
-    VmapEngine,
-    _clone_tree,
-    _pad_batch,
-    _pad_rows,
-    _slice_tree,
-    cat_batches,
-    check_vmap_setup,
-    padded_size,
-)
+from lightning_fedhet.engines.cohort import VmapCohort
+from lightning_fedhet.engines.layout import StateLayout, clone_tree, pad_batch, pad_rows, padded_size, slice_tree
+from lightning_fedhet.engines.lockstep import cat_batches
+from lightning_fedhet.engines.vmap import VmapEngine, check_vmap_setup
 from lightning_fedhet.system import UniformSteps
 from tests.helpers import TinyClassifier, equal_clients, quiet_trainer, toy_dataset
 
@@ -44,16 +36,16 @@ def test_padded_size_buckets_by_hand():
 
 def test_pad_rows_repeats_row_zero():
     t = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    assert _pad_rows(t, 2) is t
-    assert _pad_rows(t, 5).tolist() == [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]
+    assert pad_rows(t, 2) is t
+    assert pad_rows(t, 5).tolist() == [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]
     cube = torch.arange(12.0).reshape(2, 3, 2)
-    padded = _pad_rows(cube, 3)
+    padded = pad_rows(cube, 3)
     assert padded.shape == (3, 3, 2) and torch.equal(padded[2], cube[0]) and torch.equal(padded[:2], cube)
 
 
 def test_pad_batch_pads_every_tensor_of_a_nested_batch():
     x, y = torch.arange(6.0).reshape(2, 3), torch.tensor([7, 8])
-    padded = _pad_batch({"x": x, "pair": (y, [y]), "name": "keep"}, 3)
+    padded = pad_batch({"x": x, "pair": (y, [y]), "name": "keep"}, 3)
     assert padded["x"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [0.0, 1.0, 2.0]]
     assert isinstance(padded["pair"], tuple) and isinstance(padded["pair"][1], list)
     assert padded["pair"][0].tolist() == [7, 8, 7] and padded["pair"][1][0].tolist() == [7, 8, 7]
@@ -62,10 +54,10 @@ def test_pad_batch_pads_every_tensor_of_a_nested_batch():
 
 def test_slice_and_clone_trees():
     tree = {"a": torch.arange(4.0), "b": (torch.ones(4, 2), [torch.zeros(4)]), "n": 3}
-    cut = _slice_tree(tree, 2)
+    cut = slice_tree(tree, 2)
     assert cut["a"].tolist() == [0.0, 1.0] and cut["b"][0].shape == (2, 2) and cut["b"][1][0].shape == (2,)
     assert isinstance(cut["b"], tuple) and isinstance(cut["b"][1], list) and cut["n"] == 3
-    copy = _clone_tree(tree)
+    copy = clone_tree(tree)
     tree["a"].add_(10.0)
     tree["b"][1][0].add_(1.0)
     assert copy["a"].tolist() == [0.0, 1.0, 2.0, 3.0] and copy["b"][1][0].tolist() == [0.0] * 4

@@ -84,10 +84,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "engines": ([f"{PKG}/engines/base.py", f"{PKG}/engines/sequential.py", f"{PKG}/engines/sharded.py",
                  f"{PKG}/engines/auto.py"],
                 [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", *IN_PROCESS_DDP]),
-    # the vmap engine alone (it also stacks many seeds): the largest engine, with the slowest tests
-    "vmap": ([f"{PKG}/engines/vmap.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
-                                          "tests/engines/test_vmap_compile.py",
-                                          "tests/engines/test_vmap_fallbacks.py"]),
+    # the vmap engine, its cohort and its lock-step scheduler (which also stacks many seeds): the slowest tests
+    "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "lockstep", "layout", "_compile_policy")],
+             [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py", "tests/engines/test_vmap_compile.py",
+              "tests/engines/test_vmap_fallbacks.py"]),
     # the vmap engine's functional step, its log collector and the fused optimizer rules of compile=True: measured
     # by the tests that run them eagerly (torch.compile replaced by the identity, marked without_compiler)
     "compiled": ([f"{PKG}/engines/_compiled.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
