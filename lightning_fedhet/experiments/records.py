@@ -3,7 +3,7 @@
 A record lives at ``<root>/records/<study>/<protocol>/<setting>/<method>/seed<k>.json`` and has the keys
 
 ``study, protocol, setting, method, seed`` (what ran), ``commit, dirty`` (the code it ran, from git),
-``config`` (the cell's resolved configuration), ``engine, device, torch, python, threads`` (how it ran),
+``config`` (the cell's resolved configuration), ``engine, device, cpu, torch, python, threads`` (how it ran),
 ``data_checksum`` (sha256 of the training data, when the run reports it), ``metrics`` (what it measured) and
 ``wall_s, cpu_s, seeds_in_run`` (how long it took, and with how many seeds it shared one stacked run).
 
@@ -138,15 +138,20 @@ def _git(repo: Path, *args: str) -> str:
 def code_version(repo: Path | None = None, code_paths: Sequence[str] = ()) -> dict:
     """``{"commit", "dirty"}`` of the git repository holding ``repo`` (default: the current folder).
 
-    ``dirty`` is whether a tracked file under ``code_paths`` (every tracked file when empty) differs from the
-    commit: untracked files (new records among them) do not count. Outside a repository: ``"unknown"``, False.
+    ``dirty`` is whether the code under ``code_paths`` (paths relative to the repository's top, wherever ``repo``
+    lies in it) differs from the commit: a tracked file changed, or a file git does not ignore added there. With
+    no ``code_paths``, tracked files only (every tracked file): a study writes its new records inside the
+    repository, and they must not make the next record dirty. Without git, or outside a repository, the code
+    version is unknown: ``{"commit": "unknown", "dirty": None}`` (not ``False``: nothing says the code was clean).
     """
     repo = Path(repo if repo is not None else Path.cwd())
     repo = repo if repo.is_dir() else repo.parent
-    commit = _git(repo, "rev-parse", "--short=10", "HEAD").strip()
+    top = _git(repo, "rev-parse", "--show-toplevel").strip()
+    commit = _git(repo, "rev-parse", "--short=10", "HEAD").strip() if top else ""
     if not commit:
-        return {"commit": "unknown", "dirty": False}
-    status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", *code_paths)
+        return {"commit": "unknown", "dirty": None}
+    untracked = "--untracked-files=normal" if code_paths else "--untracked-files=no"
+    status = _git(Path(top), "status", "--porcelain", untracked, "--", *code_paths)
     return {"commit": commit, "dirty": bool(status.strip())}
 
 
@@ -162,14 +167,32 @@ def describe_device(device: Any = "cpu") -> str:
     return device.type
 
 
-def machine(device: Any = "cpu") -> dict:
-    """The keys of a record that describe where it ran: ``device, torch, python, threads``."""
+def cpu_identity() -> str:
+    """The processor's model name and the instruction set torch dispatches its CPU kernels for (``AVX512``,
+    ``AVX2``, ...): two machines that differ here may round differently in the same code (a canary re-run compares
+    bit for bit only on the same one)."""
     import torch
 
-    return {"device": describe_device(device), "torch": torch.__version__, "python": platform.python_version(),
-            "threads": torch.get_num_threads()}
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor() or "unknown"
+    return f"{model}; {torch.backends.cpu.get_cpu_capability()}"
+
+
+def machine(device: Any = "cpu") -> dict:
+    """The keys of a record that describe where it ran: ``device, cpu, torch, python, threads``."""
+    import torch
+
+    return {"device": describe_device(device), "cpu": cpu_identity(), "torch": torch.__version__,
+            "python": platform.python_version(), "threads": torch.get_num_threads()}
 
 
 def provenance(repo: Path | None = None, code_paths: Sequence[str] = (), device: Any = "cpu") -> dict:
-    """Commit (and whether the code differed from it), device, versions and thread count for a record."""
+    """Commit (and whether the code differed from it), device, processor, versions and thread count for a
+    record."""
     return {**code_version(repo, code_paths), **machine(device)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import difflib
 import filecmp
+import inspect
 import math
 import re
 import shutil
@@ -357,10 +358,20 @@ def generate(studies: Study | Sequence[Study], root: str | Path, out: str | Path
     entries = []
     for study in studies:
         records = load_records(Path(root), study.name)
-        entries.append((study, list(study.report(records, out) or []), records))
+        entries.append((study, list(_call_report(study.report, records, out, Path(root)) or []), records))
     if index is not None:
         index(entries, out)
     return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def _call_report(page: Callable, records: list[Record], out: Path, root: Path) -> list[Summary]:
+    """``page(records, out)``, or ``page(records, out, root=root)`` for a report that takes the results folder the
+    records come from (to read other files kept there, such as comparisons stored beside the records)."""
+    try:
+        takes_root = "root" in inspect.signature(page).parameters
+    except (TypeError, ValueError):
+        takes_root = False
+    return page(records, out, root=root) if takes_root else page(records, out)
 
 
 def _owned(rel: str, studies: Sequence[Study], whole_root: bool) -> bool:

@@ -71,7 +71,8 @@ def make_record(study: Study, cell: Cell, seed: int, result: dict, code: dict) -
         "study": study.name, "protocol": study.protocol, "setting": cell.setting, "method": cell.method,
         "seed": int(seed), **code, "config": {**cell.config, **result.get("config", {})},
         "engine": result["engine"], "metrics": result["metrics"],
-        **{k: result[k] for k in ("device", "torch", "python", "threads", "wall_s", "cpu_s", "seeds_in_run")},
+        **{k: result[k] for k in ("device", "cpu", "torch", "python", "threads", "wall_s", "cpu_s",
+                                  "seeds_in_run")},
     }
     if result.get("data_checksum"):
         record["data_checksum"] = result["data_checksum"]
@@ -200,8 +201,11 @@ def _store(study: Study, root: Path, outcome: Outcome, code: dict, backend: str,
 
 
 # ---------------------------------------------------------------------------------------------------------- canary
-#: what a canary re-run must reproduce exactly
+#: what a canary re-run must reproduce (``data_checksum`` exactly on every processor; see :func:`rerun_canary`)
 CANARY_KEYS = ("config", "metrics", "data_checksum", "threads", "engine")
+
+#: relative and absolute tolerance of a canary's floats when it is re-run on another processor than its record's
+CANARY_TOLERANCE = 1e-3
 
 
 def canary_path(root: Path, study: str) -> Path:
@@ -229,16 +233,40 @@ def write_canary(study: Study, root: str | Path | None = None) -> Record:
 
 
 def rerun_canary(study: Study, root: str | Path | None = None) -> list[str]:
-    """Re-run the canary at the current code and list every difference from its record (empty: bit for bit)."""
+    """Re-run the canary at the current code and list every difference from its record (empty: it agrees).
+
+    On the processor the record was made on (its ``cpu``: model and instruction set) the re-run must agree bit
+    for bit. Another processor may dispatch other kernels (oneDNN per instruction set) that round differently:
+    there every float must agree within :data:`CANARY_TOLERANCE` (``|a - b| <= tol (1 + |a|)``) and everything
+    else exactly; ``data_checksum`` (the bytes the clients trained on) is exact everywhere.
+    """
     root = resolve_root(study, root)
     path = canary_path(root, study.name)
     if not path.is_file():
-        return [f"{study.name}: no canary record {path}; write it with `fedhet-study canary STUDY`"]
+        how = f"fedhet-study canary {study.source}" if study.source else "fedhet-study canary STUDY"
+        return [f"{study.name}: no canary record {path}; write it with `{how}`"]
     committed: dict[str, Any] = json.loads(path.read_text())
     fresh = json.loads(dumps(run_canary(study)))  # the record's JSON form
+    exact = committed.get("cpu") == fresh.get("cpu")
     problems = []
     for key in CANARY_KEYS:
-        if committed.get(key) != fresh.get(key):
+        if not _agrees(committed.get(key), fresh.get(key), exact or key == "data_checksum"):
+            where = "" if exact else (f"; compared within {CANARY_TOLERANCE} on {fresh.get('cpu')}, "
+                                      f"not {committed.get('cpu')}")
             problems.append(f"{study.name}: canary {key} differs from the record made at {committed['commit']} "
-                            f"({first_difference(committed.get(key), fresh.get(key))})")
+                            f"({first_difference(committed.get(key), fresh.get(key))}{where})")
     return problems
+
+
+def _agrees(a: Any, b: Any, exact: bool) -> bool:
+    """Whether two JSON values agree: equal, or (``exact`` False) equal but for floats within the tolerance."""
+    if exact or isinstance(a, (bool, str)) or a is None:
+        return a == b
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(b, bool)
+                and abs(a - b) <= CANARY_TOLERANCE * (1.0 + abs(a)))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(_agrees(a[k], b[k], exact) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_agrees(x, y, exact) for x, y in zip(a, b))
+    return a == b

@@ -183,7 +183,10 @@ def load_study(spec: str, attribute: str = "STUDY") -> Study:
     """The study a module path (``"mypackage.studies.sweep"``) or a Python file (``"studies/sweep.py"``) defines.
 
     ``spec`` may end with ``:NAME`` to read another attribute than ``STUDY``. A file is loaded as ``python FILE``
-    would run it: its folder goes first on ``sys.path`` (so it may import the modules beside it). The study
+    would run it: its folder goes first on ``sys.path`` (so it may import the modules beside it). A file inside a
+    package (its folder, and maybe the ones above, hold an ``__init__.py``) is imported as that package's module
+    instead, with the folder above the outermost package on ``sys.path``, so it may import its siblings
+    relatively (``from . import common``) and is the same module object as an ordinary import of it. The study
     returned knows its ``source``, so Ray's workers load it the same way.
     """
     target, _, name = spec.partition(":") if not _is_windows_drive(spec) else (spec, "", "")
@@ -192,6 +195,9 @@ def load_study(spec: str, attribute: str = "STUDY") -> Study:
         path = Path(target).resolve()
         if not path.is_file():
             raise FileNotFoundError(f"no study file {target}")
+        module = _import_from_package(path)
+        if module is not None:
+            return _study_of(module, spec, name, str(path))
         folder = str(path.parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)
@@ -210,10 +216,31 @@ def load_study(spec: str, attribute: str = "STUDY") -> Study:
     else:
         module = importlib.import_module(target)
         source = target
+    return _study_of(module, spec, name, source)
+
+
+def _study_of(module: Any, spec: str, name: str, source: str) -> Study:
     study = getattr(module, name, None)
     if not isinstance(study, Study):
         raise TypeError(f"{spec}: {name} must be a lightning_fedhet.experiments.Study, got {type(study).__name__}")
     return dataclasses.replace(study, source=source if name == "STUDY" else f"{source}:{name}")
+
+
+def _import_from_package(path: Path) -> Any:
+    """``path``'s module imported by its dotted name when its folder is a package (``None`` when it is not)."""
+    parts, folder = [path.stem], path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) == 1 or not all(part.isidentifier() for part in parts):
+        return None
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    module = importlib.import_module(".".join(parts))
+    if Path(getattr(module, "__file__", "") or "").resolve() != path:
+        raise ImportError(f"{path}: importing {'.'.join(parts)} found {module.__file__} instead (another package "
+                          f"of that name comes first on sys.path)")
+    return module
 
 
 def _is_windows_drive(spec: str) -> bool:

@@ -36,7 +36,7 @@ def assert_same_records(records, reference):
 
 def test_the_reference_records_hold_what_the_study_declares(reference):
     _, records = reference
-    keys = {"study", "protocol", "setting", "method", "seed", "commit", "dirty", "config", "engine", "device",
+    keys = {"study", "protocol", "setting", "method", "seed", "commit", "dirty", "config", "engine", "device", "cpu",
             "torch", "python", "threads", "data_checksum", "metrics", *TIMING_KEYS}
     for record in records:
         assert set(record) == keys
