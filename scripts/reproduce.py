@@ -7,27 +7,39 @@
     python scripts/reproduce.py check --rerun                          # ... or a canary cell drifted at HEAD
     python scripts/reproduce.py canary fedacs                          # refresh a canary after a meant change
 
-``run`` writes one JSON record per (setting, method, seed) to ``docs/results/records/<study>/<protocol>/`` and
-skips the ones that exist, so a study fills up over several sessions; ``report`` and ``check`` train nothing.
-See ``scripts/harness.py`` for the record format and ``docs/results/<study>/protocol-*.md`` for each protocol.
+The studies are plug-ins of ``lightning_fedhet.experiments`` (``scripts/studies/<name>.py``, each a ``Study``
+declared with ``studies._repo.study``); this front end runs all of them together and writes the index
+``docs/results/README.md``. ``run`` writes one JSON record per (setting, method, seed) to
+``docs/results/records/<study>/<protocol>/`` and skips the ones that exist, so a study fills up over several
+sessions; ``report`` and ``check`` train nothing. One study alone: ``fedhet-study run|report|check
+scripts/studies/<name>.py``. See ``docs/experiments.md`` for the record format and
+``docs/results/<study>/protocol-*.md`` for each protocol.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# `python scripts/reproduce.py` puts scripts/ first on sys.path, which makes the package `studies` importable
+from studies import STUDIES, _repo
 
-import harness  # noqa: E402
+from lightning_fedhet.experiments import (
+    check,
+    load_records,
+    parse_seeds,
+    report,
+    rerun_canary,
+    run_study,
+    write_canary,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a study's missing (cell, seed) records")
-    run.add_argument("study", choices=harness.STUDY_NAMES)
+    run.add_argument("study", choices=STUDIES)
     run.add_argument("--seeds", default=None, help="e.g. 0-9 or 0,2,5 (default: the protocol's seeds)")
     run.add_argument("--methods", nargs="+", default=None, help="only these methods (default: all)")
     run.add_argument("--settings", nargs="+", default=None, help="only these settings (default: all)")
@@ -39,27 +51,30 @@ def main(argv: list[str] | None = None) -> int:
                      help="also re-run every study's canary cell at HEAD and compare it with its record bit for bit")
     chk.add_argument("--studies", nargs="+", default=None, help="with --rerun: only these studies' canaries")
     can = sub.add_parser("canary", help="(re)write a study's canary record at HEAD (after a change that moves numbers)")
-    can.add_argument("studies", nargs="+", choices=harness.STUDY_NAMES)
+    can.add_argument("studies", nargs="+", choices=STUDIES)
     sub.add_parser("list", help="the studies, their protocols, cells and record counts")
     args = parser.parse_args(argv)
 
     if args.command == "run":
-        study = harness.load_study(args.study)
-        seeds = harness.parse_seeds(args.seeds, study.seeds)
-        new = harness.run_study(study, seeds, args.methods, args.settings, batch_seeds=not args.one_seed_at_a_time)
-        print(f"[{study.name}] {new} new record(s); run `python scripts/reproduce.py report` to update the pages")
-        return 0
+        study = _repo.load(args.study)
+        result = run_study(study, seeds=parse_seeds(args.seeds, study.seeds), methods=args.methods,
+                           settings=args.settings, backend="in-process" if args.one_seed_at_a_time else "auto",
+                           progress=False)
+        print(f"[{study.name}] {len(result.written)} new record(s); run `python scripts/reproduce.py report` to "
+              "update the pages")
+        return 1 if result.failed else 0
     if args.command == "report":
-        files = harness.copy_report()
-        print(f"wrote {len(files)} generated file(s) under {harness.RESULTS}")
+        files = report(list(_repo.studies().values()), _repo.RESULTS, index=_repo.index)
+        print(f"wrote {len(files)} generated file(s) under {_repo.RESULTS}")
         return 0
     if args.command == "canary":
         for name in args.studies:
-            record = harness.write_canary(harness.load_study(name))
+            record = write_canary(_repo.load(name))
             print(f"[{name}] canary record written ({record['wall_s']} s, commit {record['commit']})")
         return 0
     if args.command == "check":
-        problems = harness.check()
+        studies = _repo.studies()
+        problems = check(list(studies.values()), _repo.RESULTS, index=_repo.index)
         if problems:
             print("docs/results/ does not match its records:\n- " + "\n- ".join(problems))
             print("regenerate with `python scripts/reproduce.py report` (and commit the records it reads)")
@@ -67,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             print("docs/results/ matches its records")
         if args.rerun:  # the canaries run whatever the pages say: both answers are worth having
             drift = []
-            for name, study in harness.available_studies().items():
+            for name, study in studies.items():
                 if (args.studies is None or name in args.studies) and study.canary is not None:
-                    found = harness.rerun_canary(study)
-                    print(f"[{name}] canary re-run: {'bit for bit' if not found else 'DIFFERS'}", flush=True)
+                    found = rerun_canary(study)
+                    print(f"[{name}] canary re-run: {'agrees' if not found else 'DIFFERS'}", flush=True)
                     drift += found
             if drift:
                 print("numbers drifted at HEAD:\n- " + "\n- ".join(drift))
@@ -78,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                       "STUDY`) and say why in CHANGELOG.md")
                 return 1
         return 1 if problems else 0
-    for name, study in harness.available_studies().items():
-        records = harness.load_records(harness.RESULTS, name)
+    for name, study in _repo.studies().items():
+        records = load_records(_repo.RESULTS, name)
         print(f"{name} (protocol {study.protocol}, seeds {list(study.seeds)}): {len(study.cells)} cells, "
               f"{len(records)} records")
         for cell in study.cells:

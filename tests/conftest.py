@@ -1,7 +1,15 @@
 import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
+
+# The repository's own tools and studies live in scripts/ (the packages `studies` and `referee`, the GPU scripts in
+# `gpu`), outside the wheel: appended (last, so nothing there shadows an installed module) for their tests.
+SCRIPTS = str(Path(__file__).resolve().parents[1] / "scripts")
+if SCRIPTS not in sys.path:
+    sys.path.append(SCRIPTS)
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

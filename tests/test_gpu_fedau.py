@@ -1,16 +1,11 @@
-"""scripts/gpu/: the FedAU GPU script's rounds rule and the import of its records into the harness's files."""
+"""scripts/gpu/: the FedAU GPU script's rounds rule and the import of its records into the studies' record files."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
+from gpu import fedau_v2, import_records
+from studies import fedau
 
-import fedau_v2  # noqa: E402
-import harness  # noqa: E402
-import import_records  # noqa: E402
-from studies import fedau  # noqa: E402
+from lightning_fedhet.experiments import record_path
 
 
 def test_rounds_rule_takes_the_largest_ladder_step_every_worker_fits():
@@ -32,7 +27,7 @@ def _record(cell, **config) -> dict:
 
 
 def test_import_writes_protocol_cells_and_refuses_what_is_not_one(tmp_path):
-    # A record of a v2 cell at a ladder step (rounds 500, its window) is written where the harness reads it; one
+    # A record of a v2 cell at a ladder step (rounds 500, its window) is written where the studies read it; one
     # whose configuration differs from its cell (another N) or that names no cell is refused; an existing file
     # is kept unless --force.
     cell = fedau.CELLS[0]
@@ -42,7 +37,7 @@ def test_import_writes_protocol_cells_and_refuses_what_is_not_one(tmp_path):
     jsonl = tmp_path / "records.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in (good, wrong_n, no_cell)))
     assert import_records.main([str(jsonl), "--root", str(tmp_path)]) == 1  # two refused
-    path = harness.record_path(tmp_path, "fedau", fedau.PROTOCOL, cell.setting, cell.method, 3)
+    path = record_path(tmp_path, "fedau", fedau.PROTOCOL, cell.setting, cell.method, 3)
     assert json.loads(path.read_text())["config"]["rounds"] == 500
     assert "num_clients" in import_records.check_record(wrong_n)
     assert "not a cell" in import_records.check_record(no_cell)

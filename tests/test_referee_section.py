@@ -1,4 +1,5 @@
-"""The "Against the authors' code" section of the study pages (scripts/referee) and its hook in harness.report.
+"""The "Against the authors' code" section of the study pages (scripts/referee) and its hook in the studies' pages
+(scripts/studies/_repo.py).
 
 What a reader relies on: a comparison record's figures (cases, largest difference, tolerance, verdict, the table,
 the command) appear on the page; a study without records says "not compared yet"; referee records are never taken
@@ -6,15 +7,13 @@ for run records.
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from referee import _common, section
+from studies import _repo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from referee import _common, section  # noqa: E402
+from lightning_fedhet.experiments import Cell, check, load_records, report, run_study
 
 WEIGHTS = {
     "study": "toy", "title": "Toy weights: theirs vs ours", "kind": "weights", "status": "compared",
@@ -73,24 +72,24 @@ def test_report_appends_the_section_to_every_page_and_referee_records_are_not_ru
     def run(cell, seed):
         return {"metrics": {"acc": [0.5]}, "engine": "none"}
 
-    def report(records, out):
+    def report_page(records, out):
         (out / "toy.md").write_text(f"# toy\n\n{len(records)} runs\n")
         return []
 
-    study = harness.Study(name="toy", title="Toy", protocol="v1", seeds=(0,), cells=(harness.Cell("s", "A", {}),),
-                          run=run, report=report)
+    study = _repo.study(name="toy", title="Toy", protocol="v1", seeds=(0,), cells=(Cell("s", "A", {}),), run=run,
+                        report=report_page)
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "protocol-v1.md").write_text("# protocol\n")
-    harness.run_study(study, [0], root=tmp_path)
-    harness.copy_report(root=tmp_path, studies={"toy": study})
+    run_study(study, root=tmp_path, progress=False, log=lambda text: None)
+    report(study, tmp_path)
     page = (tmp_path / "toy.md").read_text()
     assert page.startswith("# toy\n\n1 runs\n\n## Against the authors' code")
     assert "Not compared yet" in page
     write(tmp_path, "weights-toy", WEIGHTS)
-    assert len(harness.load_records(tmp_path, "toy")) == 1  # the referee record is not a run record
-    assert harness.check(root=tmp_path, studies={"toy": study})  # the committed page is now stale
-    harness.copy_report(root=tmp_path, studies={"toy": study})
-    assert harness.check(root=tmp_path, studies={"toy": study}) == []
+    assert len(load_records(tmp_path, "toy")) == 1  # the referee record is not a run record
+    assert check(study, tmp_path)  # the committed page is now stale
+    report(study, tmp_path)
+    assert check(study, tmp_path) == []
     assert "max |theirs − ours| = 8.7e-14" in (tmp_path / "toy.md").read_text()
 
 

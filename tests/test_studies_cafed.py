@@ -4,22 +4,18 @@ No heavy training: runs use 8 clients and 2 rounds. The verdict tests feed hand-
 """
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from studies import cafed
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import cafed  # noqa: E402
+from lightning_fedhet.experiments import Cell
 
 TINY = {"num_clients": 8, "rounds": 2, "eval_every": 1, "local_steps": 1}
 
 
 @pytest.mark.parametrize("method", ["CA-Fed", "More available"])
 def test_a_tiny_cell_runs_and_reports_its_curve_and_weight_shares(method):
-    cell = harness.Cell("rescaled", method, cafed.make_config(method, 0.01, **TINY))
+    cell = Cell("rescaled", method, cafed.make_config(method, 0.01, **TINY))
     out = cafed.run_cell(cell, seed=3)
     m = out["metrics"]
     assert out["engine"] == "vmap" and m["round"] == [1, 2] and len(m["val_acc"]) == 2
@@ -96,10 +92,10 @@ def test_best_of_five_rule():
 
 @pytest.mark.parametrize("method", ["CA-Fed", "Unbiased"])
 def test_many_seeds_in_one_run_equal_the_seeds_run_one_at_a_time(method):
-    # The harness trains a cafed cell's seeds together (run_seeds: multiseed.fit_seeds) unless told
+    # `reproduce.py run` trains a cafed cell's seeds together (run_seeds: multiseed.fit_seeds) unless told
     # --one-seed-at-a-time; a record must not depend on which. Slips caught: a seed reading another seed's data or
     # class map, an evaluation taken on the wrong round's model, CA-Fed's probe losses shared between seeds.
-    cell = harness.Cell("rescaled", method, cafed.make_config(method, 0.01, **{**TINY, "rounds": 3}))
+    cell = Cell("rescaled", method, cafed.make_config(method, 0.01, **{**TINY, "rounds": 3}))
     together = cafed.run_seeds(cell, [3, 4])
     for seed, batched in zip([3, 4], together):
         alone = cafed.run_cell(cell, seed)["metrics"]

@@ -1,18 +1,13 @@
 """The FedACS study module (scripts/studies/fedacs.py): the paper's FedVarp (eq. 114) by hand, and a 2-round run."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from studies import fedacs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import fedacs  # noqa: E402
-
-from lightning_fedhet.algorithms import ClientInfo  # noqa: E402
+from lightning_fedhet.algorithms import ClientInfo
+from lightning_fedhet.experiments import Cell
 
 
 def test_paper_fedvarp_fills_a_lost_upload_with_the_last_received_update():
@@ -50,7 +45,7 @@ def test_epoch_steps_are_epochs_times_batches_per_epoch():
 def test_run_cell_two_rounds_on_a_tiny_stand_in(method):
     config = {**fedacs.BASE, "heterogeneity": fedacs.heterogeneity("dynamic"), "rounds": 2, "per_client": 10,
               "test_size": 50, "synthetic_data": True}
-    out = fedacs.run_cell(harness.Cell("dynamic", method, config), seed=0)
+    out = fedacs.run_cell(Cell("dynamic", method, config), seed=0)
     m = out["metrics"]
     assert m["round"] == [1, 2] and len(m["val_acc"]) == 2 and len(m["local_steps"]) == 2
     assert all(0.0 <= v <= 1.0 for v in m["val_acc"]) and all(r <= t for r, t in zip(m["received"], m["trained"]))

@@ -1,18 +1,13 @@
 """The FedAST study module (scripts/studies/fedast.py): local batches, the SGD solver, the pilot rules, a tiny run."""
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
+from studies import fedast
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import fedast  # noqa: E402
-
-from lightning_fedhet.asynchronous import Request  # noqa: E402
+from lightning_fedhet.asynchronous import Request
+from lightning_fedhet.experiments import Cell
 
 
 def test_batch_order_is_three_whole_epochs_for_300_samples():
@@ -79,7 +74,7 @@ def test_pilot_decisions_follow_the_pilot_protocol_by_hand():
 def test_a_tiny_run_is_deterministic_and_stops_tasks_at_their_targets():
     config = {**fedast.BASE, **fedast.method_config("FedAST(D)", 0.1), "num_clients": 20, "requests": 4,
               "buffer": 2, "horizon": 40.0, "eval_every": 10.0, "targets": {"fmnist_lenet": 0.0}}
-    cell = harness.Cell("tiny", "FedAST(D)", config)
+    cell = Cell("tiny", "FedAST(D)", config)
     first, second = fedast.run_cell(cell, 0), fedast.run_cell(cell, 0)
     assert first == second
     m = first["metrics"]

@@ -1,16 +1,12 @@
 """The FedAU study module (scripts/studies/fedau.py): the authors' partition, rotating test chunks, a 2-round run,
 and protocol v2's stacked-seed run (on the CPU here; its cells wait for a GPU)."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from studies import fedau
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import fedau  # noqa: E402
+from lightning_fedhet.experiments import Cell
 
 
 def test_partition_cuts_every_class_at_the_rounded_cumulative_dirichlet_shares():
@@ -45,7 +41,7 @@ def test_rotating_chunks_walk_the_test_set_without_repeats_then_wrap():
 def test_run_cell_two_rounds_on_a_tiny_stand_in(pattern, method):
     config = {**fedau.V1_BASE, "pattern": pattern, "client_lr": 0.1, "server_lr": 1.0, "rounds": 2, "eval_every": 1,
               "eval_chunk": 20, "metric_window_rounds": 2, "synthetic_data": True}
-    out = fedau.run_cell(harness.Cell(pattern, method, config), seed=0)
+    out = fedau.run_cell(Cell(pattern, method, config), seed=0)
     m = out["metrics"]
     assert m["round"] == [1, 2] and len(m["val_acc"]) == 2 and all(0.0 <= v <= 1.0 for v in m["val_acc"])
     p = np.array(out["config"]["p"])
@@ -57,7 +53,7 @@ def test_v2_stacked_seeds_on_the_cpu_give_each_seed_its_record_fields():
     # Protocol v2's run on a tiny stand-in (the GPU script's --smoke path): every seed evaluated on the full test
     # set at every eval_every rounds, the rounds and window the record needs, its own p_n and data checksum; the
     # default device is CUDA, refused here with a message naming the GPU script.
-    cell = harness.Cell("bernoulli", "Average all", {**fedau.CELLS[2].config, "num_clients": 20, "rounds": 4,
+    cell = Cell("bernoulli", "Average all", {**fedau.CELLS[2].config, "num_clients": 20, "rounds": 4,
                                                       "eval_every": 2, "synthetic_data": True})
     assert cell.config["eval_on"] == fedau.FULL_TEST_SET and cell.method == fedau.CELLS[2].method
     outs = fedau.run_seeds(cell, [0, 1], device="cpu")

@@ -1,16 +1,12 @@
 """The Fed-CIS study module (scripts/studies/fedcis.py): BatchNorm statistics through the rule, and a 2-round run."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from studies import fedcis
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import fedcis  # noqa: E402
+from lightning_fedhet.experiments import Cell
 
 
 def test_running_statistics_become_frozen_parameters_that_batchnorm_still_updates():
@@ -33,7 +29,7 @@ def test_run_cell_two_rounds_on_a_tiny_stand_in(setting):
     config = {**fedcis.BASE, "base_width": 4, "rounds": 2, "eval_every": 1, "local_steps": 1, "batch_size": 8,
               "train_size": 140, "test_size": 40, "synthetic_data": True,
               "aggregation_base": fedcis.SETTINGS[setting]}
-    out = fedcis.run_cell(harness.Cell(setting, "Serving Rate", config), seed=0)
+    out = fedcis.run_cell(Cell(setting, "Serving Rate", config), seed=0)
     m = out["metrics"]
     assert m["round"] == [1, 2] and all(0.0 <= v <= 1.0 for v in m["cis_acc"])
     assert out["config"]["lambda_tilde"] == [0.8, 0.15, 0.05]
@@ -63,6 +59,6 @@ def test_v2_verdict_marks_columns_the_planned_seeds_cannot_resolve():
 def test_a_v2_cell_runs_two_rounds_with_each_node_keeping_its_optimizer_state():
     config = {**fedcis.BASE_V2, "serving": "5-15-80", "base_width": 4, "rounds": 2, "eval_every": 1,
               "local_steps": 1, "batch_size": 8, "train_size": 140, "test_size": 40, "synthetic_data": True}
-    out = fedcis.run_cell(harness.Cell("5-15-80", "Serving Rate", config), seed=0)
+    out = fedcis.run_cell(Cell("5-15-80", "Serving Rate", config), seed=0)
     assert out["config"]["lambda_tilde"] == [0.05, 0.15, 0.8]
     assert len(out["data_checksum"]) == 64 and out["metrics"]["round"] == [1, 2]

@@ -1,17 +1,12 @@
 """The FedStale study module (scripts/studies/fedstale.py): v1's low-group swap, v2's every-client swap (the authors'
 code), a 2-round run, and stacked seeds equal to single-seed runs."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
+from studies import fedstale
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import fedstale  # noqa: E402
-
-from lightning_fedhet.data import IID  # noqa: E402
+from lightning_fedhet.data import IID
+from lightning_fedhet.experiments import Cell
 
 TINY_V1 = {**fedstale.V1_BASE, "beta": 0.5, "rounds": 2, "eval_every": 1, "metric_window_rounds": 2,
            "test_per_client": 10, "synthetic_data": True}
@@ -50,7 +45,7 @@ def test_only_the_low_group_swaps_and_its_test_shards_carry_the_same_swap():
 
 
 def test_run_cell_two_rounds_on_a_tiny_stand_in():
-    out = fedstale.run_cell(harness.Cell(fedstale.SETTING, "beta=0.5", TINY), seed=0)
+    out = fedstale.run_cell(Cell(fedstale.SETTING, "beta=0.5", TINY), seed=0)
     m = out["metrics"]
     assert m["round"] == [1, 2] and len(m["val_acc"]) == 2 and all(0.0 <= v <= 1.0 for v in m["val_acc"])
     # the 12 always-on clients arrive every round
@@ -82,7 +77,7 @@ def test_v2_every_client_swaps_its_pair_by_parity_in_training_and_test_shards():
 def test_stacked_seeds_give_each_seed_its_single_seed_run():
     # run_seeds stacks the seeds in one fit_seeds run; each seed's accuracy curve, arrivals and data checksum must
     # be its own single-seed run's (same draws, same data, accuracy within float tolerance of the vmap engine).
-    cell = harness.Cell(fedstale.SETTING, "beta=0.8", {**TINY, "beta": 0.8})
+    cell = Cell(fedstale.SETTING, "beta=0.8", {**TINY, "beta": 0.8})
     stacked = fedstale.run_seeds(cell, [0, 1])
     for seed, out in zip([0, 1], stacked):
         single = fedstale.run_cell(cell, seed)

@@ -2,16 +2,12 @@
 loss groups, and the coded decision rules. No heavy training: runs use 4 clients and 3 rounds."""
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from studies import upgapl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import harness  # noqa: E402
-from studies import upgapl  # noqa: E402
+from lightning_fedhet.experiments import Cell
 
 TINY = {"num_clients": 4, "rounds": 3, "eval_every": 1, "local_steps": 1}
 
@@ -24,7 +20,7 @@ def test_harmonic_factor_matches_the_hand_values():
 def test_the_decaying_step_size_is_applied_once_per_round_under_vmap():
     # slip caught: a scheduler with interval="step", or none at all, would give [0.1, 0.1, 0.1] (or the vmap engine
     # refuses it); eta_t = 0.1 * 10 / (10 + t)
-    cell = harness.Cell("decaying", "UPGA-PL", upgapl.make_config("UPGA-PL", 0.1, **TINY))
+    cell = Cell("decaying", "UPGA-PL", upgapl.make_config("UPGA-PL", 0.1, **TINY))
     out = upgapl.run_cell(cell, seed=1)
     assert out["engine"] == "vmap"
     assert out["metrics"]["lr"] == pytest.approx([0.1, 1 / 11, 1 / 12], rel=1e-5)
@@ -33,7 +29,7 @@ def test_the_decaying_step_size_is_applied_once_per_round_under_vmap():
 
 
 def test_the_lossless_reference_receives_every_update():
-    cell = harness.Cell("constant", "FedAvg (lossless)",
+    cell = Cell("constant", "FedAvg (lossless)",
                         upgapl.make_config("FedAvg (lossless)", 0.05, lr_schedule="constant", **TINY))
     out = upgapl.run_cell(cell, seed=1)
     assert out["metrics"]["received_per_round"] == [4, 4, 4] and out["metrics"]["lr"] == [0.05] * 3
@@ -83,7 +79,7 @@ def test_v2_cells_take_their_step_sizes_from_the_thesis_grid_and_record_the_data
     for cell in upgapl.CELLS:
         assert cell.config["lr_schedule"] == "constant"
         assert any(math.isclose(cell.config["lr"], g) for g in upgapl.THESIS_GRID)
-    cell = harness.Cell("thesis-grid", "UPGA-PL", {**upgapl.CELLS[0].config, **TINY})
+    cell = Cell("thesis-grid", "UPGA-PL", {**upgapl.CELLS[0].config, **TINY})
     out = upgapl.run_cell(cell, seed=1)
     assert len(out["data_checksum"]) == 64 and out["metrics"]["lr"] == [cell.config["lr"]] * 3
 

@@ -16,7 +16,7 @@ The one command (on a GPU machine, from the repository root, Fashion-MNIST's fou
    worker's cells are projected (probe rate x R x cells x 1.15, plus setup) to finish before the budget; if none
    fits, the smallest;
 3. runs every cell at ``R`` rounds; each finished cell appends its seeds' records, **one JSON line per seed**, to
-   ``$OUT/records.jsonl`` at once (the keys of the harness's records, ``device`` = the GPU's name), so partial
+   ``$OUT/records.jsonl`` at once (the keys of the studies' records, ``device`` = the GPU's name), so partial
    results survive a stop; a cell still running at ``--budget-s`` stops at its next evaluation and writes nothing.
 
 Progress goes to stdout with time stamps. ``scripts/gpu/import_records.py`` turns ``records.jsonl`` into record files
@@ -59,14 +59,15 @@ def plan_cells(args) -> list:
     """The protocol's v2 cells in its order (``--cells`` keeps those whose ``setting/method`` it names); ``--smoke``
     shrinks them to N = 20 and 3 rounds."""
     sys.path.insert(0, str(SCRIPTS))
-    import harness
     from studies import fedau
+
+    from lightning_fedhet.experiments import Cell
 
     cells = list(fedau.CELLS)
     if args.cells:
         cells = [c for c in cells if f"{c.setting}/{c.method}" in args.cells]
     if args.smoke:
-        cells = [harness.Cell(c.setting, c.method, {**c.config, "num_clients": 20, "rounds": 3, "eval_every": 1})
+        cells = [Cell(c.setting, c.method, {**c.config, "num_clients": 20, "rounds": 3, "eval_every": 1})
                  for c in cells]
     return cells
 
@@ -83,12 +84,14 @@ def append_jsonl(path: Path, lines: list[str]) -> None:
 
 def provenance(args, device: str) -> dict:
     sys.path.insert(0, str(SCRIPTS))
-    import harness
     import torch
+    from studies import _repo
 
-    prov = harness.provenance()
+    from lightning_fedhet.experiments import provenance as record_provenance
+
+    prov = record_provenance(_repo.REPO_ROOT, _repo.CODE_PATHS)
     if prov["commit"] == "unknown":  # no git on the machine (a copied working tree): the caller names the commit
-        prov["commit"], prov["dirty"] = args.commit or "unknown", None
+        prov["commit"] = args.commit or "unknown"  # and dirty stays None: unknown
     elif args.commit and not (args.commit.startswith(prov["commit"]) or prov["commit"].startswith(args.commit)):
         print(f"warning: --commit {args.commit} but git says {prov['commit']}; recording git's", flush=True)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({os.cpu_count()} cores, " \

@@ -1,9 +1,9 @@
-"""Turn the GPU script's ``records.jsonl`` (one run record a line) into the harness's record files.
+"""Turn the GPU script's ``records.jsonl`` (one run record a line) into the studies' record files.
 
     python scripts/gpu/import_records.py path/to/records.jsonl [--force] [--dry-run]
 
-Each line becomes ``docs/results/records/<study>/<protocol>/<setting>/<method>/seed<k>.json`` (the path the harness
-reads). A line is refused, naming the reason, when it lacks a record key, names a (setting, method) that is not a
+Each line becomes ``docs/results/records/<study>/<protocol>/<setting>/<method>/seed<k>.json`` (the path the
+studies read). A line is refused, naming the reason, when it lacks a record key, names a (setting, method) that is not a
 cell of its study's protocol, or its configuration differs from that cell's in a key the run does not resolve
 itself (``rounds`` and the window may differ: the GPU script's ladder chooses them and the record says so). An
 existing record file is kept unless ``--force``. Then regenerate the pages with ``python scripts/reproduce.py
@@ -17,9 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lightning_fedhet.experiments import load_study, record_path, write_record
 
-import harness  # noqa: E402
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+RESULTS = STUDIES.parents[1] / "docs" / "results"
 
 REQUIRED = ("study", "protocol", "setting", "method", "seed", "commit", "dirty", "device", "torch", "config",
             "engine", "seeds_in_run", "wall_s", "cpu_s", "metrics", "threads", "data_checksum")
@@ -32,7 +33,7 @@ def check_record(record: dict) -> str | None:
     missing = [k for k in REQUIRED if k not in record]
     if missing:
         return f"missing keys {missing}"
-    study = harness.load_study(record["study"])
+    study = load_study(str(STUDIES / f"{record['study']}.py"))
     if record["protocol"] != study.protocol:
         return f"protocol {record['protocol']!r} is not {study.name}'s current protocol {study.protocol!r}"
     cells = {(c.setting, c.method): c for c in study.cells}
@@ -48,7 +49,7 @@ def check_record(record: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("jsonl", type=Path)
-    parser.add_argument("--root", type=Path, default=harness.RESULTS, help="docs/results (default)")
+    parser.add_argument("--root", type=Path, default=RESULTS, help="docs/results (default)")
     parser.add_argument("--force", action="store_true", help="overwrite existing record files")
     parser.add_argument("--dry-run", action="store_true", help="check and report, write nothing")
     args = parser.parse_args(argv)
@@ -63,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"refused {where}: {why}")
             refused += 1
             continue
-        path = harness.record_path(args.root, record["study"], record["protocol"], record["setting"],
+        path = record_path(args.root, record["study"], record["protocol"], record["setting"],
                                    record["method"], record["seed"])
         if path.exists() and not args.force:
             print(f"kept {path.relative_to(args.root)} (exists; --force to overwrite)")
             kept += 1
             continue
         if not args.dry_run:
-            harness.write_record(path, record)
+            write_record(path, record)
         print(f"{'would write' if args.dry_run else 'wrote'} {path.relative_to(args.root)}")
         written += 1
     print(f"{written} written, {kept} kept, {refused} refused")

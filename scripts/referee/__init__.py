@@ -4,8 +4,9 @@
 Each script writes one JSON record per comparison to ``docs/results/records/<study>/referee/<name>.json`` (never
 ``seed*.json``: the run records' name) with the keys ``study, title, kind ("weights" | "accuracy"), status,
 authors {repo, commit, files}, command, inputs {description, seeds}, cases, max_abs_diff, tolerance, agree, notes``,
-an optional ``table {header, rows}`` and the provenance of ``harness.provenance()``. :func:`section` renders them as
-the "Against the authors' code" section that ``harness.report`` appends to every study page.
+an optional ``table {header, rows}`` and the provenance of ``lightning_fedhet.experiments.provenance()``.
+:func:`section` renders them as the "Against the authors' code" section that every study page ends with
+(``scripts/studies/_repo.py`` appends it).
 """
 
 from __future__ import annotations

@@ -22,12 +22,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-SCRIPTS = Path(__file__).resolve().parents[1]
-REPO_ROOT = SCRIPTS.parent
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
+from lightning_fedhet.experiments import provenance
+from lightning_fedhet.experiments import write_record as write_json
+from lightning_fedhet.experiments.records import slug
 
-import harness  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS = REPO_ROOT / "docs" / "results"
+#: the paths whose uncommitted changes mark a record dirty (as for the run records: scripts/studies/_repo.py)
+CODE_PATHS = ("lightning_fedhet", "model_zoo", "callbacks", "scripts")
 
 KINDS = ("weights", "accuracy")
 #: "compared": the comparison ran; "not run": skipped here (notes say why); "does not run": the authors' release
@@ -42,7 +44,7 @@ def parse_args(description: str, extra: Iterable[tuple[Sequence[str], dict]] = (
     parser.add_argument("--authors", required=True, type=Path, help="scratch folder with the authors' code")
     parser.add_argument("--authors-commit", default=None,
                         help="the commit the folder was exported from (recorded; default: PATH/.referee-commit)")
-    parser.add_argument("--root", type=Path, default=harness.RESULTS, help="docs/results folder to write records to")
+    parser.add_argument("--root", type=Path, default=RESULTS, help="docs/results folder to write records to")
     parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy comparison (b)")
     for flags, kwargs in extra:
         parser.add_argument(*flags, **kwargs)
@@ -150,7 +152,7 @@ def quiet() -> Iterator[None]:
 def record_path(root: Path, study: str, short_name: str) -> Path:
     if short_name.startswith("seed"):
         raise ValueError("referee records must not be named seed*.json (those are run records)")
-    return root / "records" / study / "referee" / f"{harness.slug(short_name)}.json"
+    return root / "records" / study / "referee" / f"{slug(short_name)}.json"
 
 
 def make_record(study: str, title: str, kind: str, args: argparse.Namespace, repo: str, files: Sequence[str],
@@ -158,7 +160,7 @@ def make_record(study: str, title: str, kind: str, args: argparse.Namespace, rep
                 agree: bool | None, notes: Sequence[str], table: dict | None = None,
                 status: str = "compared", **extra: Any) -> dict:
     """One comparison's record (the keys ``scripts/referee/__init__.py`` renders), with the provenance of
-    :func:`harness.provenance`."""
+    :func:`lightning_fedhet.experiments.provenance`."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if status not in STATUSES:
@@ -174,7 +176,7 @@ def make_record(study: str, title: str, kind: str, args: argparse.Namespace, rep
         "tolerance": None if tolerance is None else float(tolerance),
         "agree": None if agree is None else bool(agree),
         "notes": list(notes),
-        **harness.provenance(),
+        **provenance(REPO_ROOT, CODE_PATHS),
         **extra,
     }
     if table is not None:
@@ -184,7 +186,7 @@ def make_record(study: str, title: str, kind: str, args: argparse.Namespace, rep
 
 def write_record(root: Path, short_name: str, record: dict) -> Path:
     path = record_path(root, record["study"], short_name)
-    harness.write_record(path, record)
+    write_json(path, record)
     print(f"[referee {record['study']}] {path.relative_to(root)}: cases={record['cases']} "
           f"max_abs_diff={record['max_abs_diff']} agree={record['agree']}", flush=True)
     return path

@@ -21,12 +21,12 @@ import sys
 from types import SimpleNamespace
 
 import _common
-import harness
 import numpy as np
 import torch
 
 from lightning_fedhet.asynchronous import CappedPool, FedAST, Task
 from lightning_fedhet.asynchronous.allocation import allocation_scores, normalized_variance, split_budget
+from lightning_fedhet.experiments import parse_seeds
 from lightning_fedhet.system import ShiftedExponential
 
 STUDY = "fedast"
@@ -144,7 +144,7 @@ def main() -> None:
         (("--instances",), {"type": int, "default": 300, "help": "random allocation instances"}),
     ])
     torch.set_num_threads(1)
-    seeds = harness.parse_seeds(args.seeds, ())
+    seeds = parse_seeds(args.seeds, ())
     ratio = 32  # their config.py default R_bs_ratio
     argv = sys.argv
     try:

@@ -34,7 +34,6 @@ import warnings
 from pathlib import Path
 
 import _common
-import harness
 import numpy as np
 import torch
 from lightning.pytorch import Trainer, seed_everything
@@ -47,6 +46,7 @@ from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import fashion_mnist
 from lightning_fedhet.data.datasets import DEBIAN_FASHION_MNIST
 from lightning_fedhet.data.streams import ClientStreams
+from lightning_fedhet.experiments import fmt_ci, mean_ci, paired, parse_seeds
 from lightning_fedhet.federation import RoundPlanner
 from lightning_fedhet.participation import Trace
 from lightning_fedhet.server import Server
@@ -348,7 +348,7 @@ def compare_accuracy(args, seeds, rounds: int, window: int) -> dict:
         per_seed.append([seed, f"{100 * a:.1f}", f"{100 * b:.1f}", f"{100 * (a - b):+.1f}",
                          f"{run['trace'].sum(1).mean():.1f}"])
         print(f"[referee fedau] seed {seed}: authors {a:.4f} library {b:.4f}", flush=True)
-    mean, lo, hi, n = harness.paired(theirs, ours)
+    mean, lo, hi, n = paired(theirs, ours)
     return {"c": c, "theirs": theirs, "ours": ours, "diff": (mean, lo, hi, n), "rows": per_seed, "cpu": cpu,
             "prepared": prepared, "eval_rounds": sorted(eval_rounds)}
 
@@ -360,7 +360,7 @@ def main() -> None:
         (("--accuracy-seeds",), {"default": "1-5", "help": "seeds of (b)"}),
     ])
     torch.set_num_threads(1)
-    weight_seeds = harness.parse_seeds(args.weight_seeds, ())
+    weight_seeds = parse_seeds(args.weight_seeds, ())
     files = ["main.py", "util/util.py", "config.py"]
     patterns = ("bernoulli", "markov-0.05", "cyclic-100", "cyclic-50")
     num_clients, rounds = 50, 400
@@ -405,13 +405,13 @@ def main() -> None:
 
     if args.no_accuracy:
         return
-    seeds = harness.parse_seeds(args.accuracy_seeds, ())
+    seeds = parse_seeds(args.accuracy_seeds, ())
     rounds_b, window = 150, 30
     res = compare_accuracy(args, seeds, rounds_b, window)
     mean, lo, hi, n = res["diff"]
     agree = bool(lo <= 0 <= hi)
-    a_ci = harness.fmt_ci(*harness.mean_ci(list(res["theirs"].values())))
-    b_ci = harness.fmt_ci(*harness.mean_ci(list(res["ours"].values())))
+    a_ci = fmt_ci(*mean_ci(list(res["theirs"].values())))
+    b_ci = fmt_ci(*mean_ci(list(res["ours"].values())))
     c = res["c"]
     record = _common.make_record(
         STUDY, "FedAU accuracy: the authors' training loop vs the library's, same partition and trace", "accuracy",
@@ -423,7 +423,7 @@ def main() -> None:
         f"same seed for its own draws (initialisation, minibatch order). Metric: mean test accuracy (all 10,000 "
         f"test images) over the evaluations after rounds {', '.join(map(str, res['eval_rounds']))}",
         seeds, n, None, None, agree,
-        [f"Paired difference (theirs - ours): {harness.fmt_ci(mean, lo, hi, unit=' pp')} over {n} seeds; "
+        [f"Paired difference (theirs - ours): {fmt_ci(mean, lo, hi, unit=' pp')} over {n} seeds; "
          f"theirs {a_ci} %, ours {b_ci} % (mean [95 % CI]). `agree` means the paired interval contains 0.",
          "Still different between the two runs: the model initialisation and minibatch order (each code's own "
          "RNG), their per-client minibatch iterator that persists across rounds and drops short batches vs the "
@@ -437,7 +437,7 @@ def main() -> None:
          f"CPU time: authors {res['cpu']['authors'] / 60:.1f} min, library {res['cpu']['library'] / 60:.1f} min "
          "(1 thread, nice 10, shared 2-core machine)."],
         table={"header": ["seed", "authors' loop %", "library %", "difference (pp)", "participants per round"],
-               "rows": res["rows"] + [["mean [95 % CI]", a_ci, b_ci, harness.fmt_ci(mean, lo, hi), ""]]},
+               "rows": res["rows"] + [["mean [95 % CI]", a_ci, b_ci, fmt_ci(mean, lo, hi), ""]]},
         difference={"mean": mean, "low": lo, "high": hi, "seeds": n},
         accuracy={"authors": {str(k): v for k, v in res["theirs"].items()},
                   "library": {str(k): v for k, v in res["ours"].items()}},

@@ -17,12 +17,12 @@ compared, for beta in {0, 0.2, 0.5, 0.8, 1}.
 from __future__ import annotations
 
 import _common
-import harness
 import numpy as np
 import torch
 
 from lightning_fedhet.algorithms import FedStale
 from lightning_fedhet.algorithms.base import ClientInfo, RoundContext
+from lightning_fedhet.experiments import parse_seeds
 
 STUDY = "fedstale"
 REPO = "arodio/FedStale"
@@ -118,7 +118,7 @@ def main() -> None:
         (("--rounds",), {"type": int, "default": 60}),
     ])
     torch.set_num_threads(1)
-    seeds = harness.parse_seeds(args.seeds, ())
+    seeds = parse_seeds(args.seeds, ())
     dim, lr = 16, 1.0
     # (clients, participation_probs): their run.sh layout (24 clients, the first half always on) with the paper's
     # p_min = 0.2, and a dyadic control (32 clients, p = 0.25: alpha_i / p_i = 1/32, 1/8 exactly in float32)

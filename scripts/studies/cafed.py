@@ -23,11 +23,25 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import harness
 import numpy as np
 import torch
 
-from studies import _power, _train
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    by_seed,
+    compute_used,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    paired,
+    provenance_table,
+    save_figure,
+    verdict_for_gain,
+)
+
+from . import _power, _repo, _train
 
 # Thesis Table A.2 (Synthetic LEAF): local lr eta / server lr eta_s per method.
 TABLE_A2 = {
@@ -270,7 +284,7 @@ def build_rule(config: dict, pi: np.ndarray, lam: np.ndarray, classes: np.ndarra
     raise ValueError(f"unknown rule {rule!r}")
 
 
-def _build(cell: harness.Cell, seed: int):
+def _build(cell: Cell, seed: int):
     """``(model, datamodule, strategy, classes)`` of one seed, exactly as its run makes them (after seeding).
 
     Protocol v2 cells (``data_seed`` in the config) use one dataset and one class assignment for every seed (the
@@ -321,14 +335,14 @@ def _result(curve, history: list[dict], classes: np.ndarray, engine: str, data) 
     }
 
 
-def run_cell(cell: harness.Cell, seed: int) -> dict:
+def run_cell(cell: Cell, seed: int) -> dict:
     """Train one (setting, method) cell for one seed; the accuracy curve and the Fig. 2.1d weight shares."""
     model, data, strategy, classes = _build(cell, seed)
     curve = _train.fit(model, data, strategy, cell.config["rounds"], cell.config["eval_every"])
     return _result(curve, strategy.history, classes, cell.config["engine"], data)
 
 
-def run_seeds(cell: harness.Cell, seeds) -> list[dict]:
+def run_seeds(cell: Cell, seeds) -> list[dict]:
     """Every seed of ``seeds`` at once (:func:`lightning_fedhet.multiseed.fit_seeds`: their cohorts stacked in one
     vmap per round); each seed's result equals :func:`run_cell`'s for that seed (the engine contract; checked on a
     small cell in ``tests/test_studies_cafed.py``). Only for cells whose engine is ``"vmap"``."""
@@ -366,7 +380,7 @@ SETTINGS = {
     # The thesis's Table A.2 learning rates as printed, for the methods of claims C1 and C3.
     "table-a2": {"CA-Fed": 1.0, "AdaFed": 1.0, "Unbiased": 1.0},
 }
-CELLS_V1 = tuple(harness.Cell(setting, m, make_config(m, scales[m])) for setting, scales in SETTINGS.items()
+CELLS_V1 = tuple(Cell(setting, m, make_config(m, scales[m])) for setting, scales in SETTINGS.items()
                  for m in METHODS if m in scales)
 
 #: Protocol v2: local / server learning rates per method, picked on pilot seed 100 from the thesis's grid in
@@ -383,7 +397,7 @@ def config_v2(method: str, local_lr: float, server_lr: float, **overrides) -> di
             "local_lr_scale": None, "lr_source": "pilot grid (protocol v2)"}
 
 
-CELLS = tuple(harness.Cell(setting, m, config_v2(m, *lrs[m])) for setting, lrs in SETTINGS_V2.items()
+CELLS = tuple(Cell(setting, m, config_v2(m, *lrs[m])) for setting, lrs in SETTINGS_V2.items()
               for m in METHODS)
 SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(20))}
 
@@ -427,7 +441,7 @@ def _verdict_best(diffs: dict[str, tuple]) -> str:
 
 
 def _plot_curves(records: list[dict], settings: list[str], path: Path, title: str) -> None:
-    fig, axes = harness.new_figure(ncols=len(settings), width=5.2, height=3.8)
+    fig, axes = new_figure(ncols=len(settings), width=5.2, height=3.8)
     for ax, setting in zip(axes, settings):
         for method in METHODS:
             runs = [r for r in records if r["setting"] == setting and r["method"] == method]
@@ -435,7 +449,7 @@ def _plot_curves(records: list[dict], settings: list[str], path: Path, title: st
                 continue
             rounds = np.asarray(runs[0]["metrics"]["round"])
             acc = 100 * np.asarray([r["metrics"]["val_acc"] for r in runs])
-            stats = [harness.mean_ci(acc[:, j]) for j in range(acc.shape[1])]
+            stats = [mean_ci(acc[:, j]) for j in range(acc.shape[1])]
             mean = np.asarray([s[0] for s in stats])
             line, = ax.plot(rounds, mean, lw=1.3, label=f"{method} ({len(runs)})")
             if len(runs) > 1:
@@ -447,7 +461,7 @@ def _plot_curves(records: list[dict], settings: list[str], path: Path, title: st
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=9)
-    harness.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: int, out_name: str,
@@ -456,8 +470,8 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
     claims the power analysis rules out at ``n_seeds`` and their verdict text (the estimate is still shown)."""
     recs = [r for r in records if r["setting"] == setting]
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
-    finals = {m: harness.by_seed(recs, final_acc, method=m) for m in methods}
-    last = {m: harness.by_seed(recs, lambda r: r["metrics"]["val_acc"][-1], method=m) for m in methods}
+    finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
+    last = {m: by_seed(recs, lambda r: r["metrics"]["val_acc"][-1], method=m) for m in methods}
     complete = all(len(finals[m]) >= n_seeds for m in methods)
     rows = []
     for m in methods:
@@ -467,12 +481,12 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         trained = np.mean([np.mean(r["metrics"]["trained_per_round"]) for r in runs])
         available = np.mean([np.mean(r["metrics"]["available_per_round"]) for r in runs])
         n = len(finals[m])
-        rows.append((m, f"{cfg['local_lr']:g} / {cfg['server_lr']:g}", harness.fmt_ci(*harness.mean_ci(
-            list(finals[m].values()))), harness.fmt_ci(*harness.mean_ci(list(last[m].values()))),
+        rows.append((m, f"{cfg['local_lr']:g} / {cfg['server_lr']:g}", fmt_ci(*mean_ci(
+            list(finals[m].values()))), fmt_ci(*mean_ci(list(last[m].values()))),
             f"{trained:.1f} of {available:.1f}", ", ".join(f"{x:.2f}" for x in share),
             f"{n}/{n_seeds}" + ("" if n >= n_seeds else " (incomplete)")))
     text = [f"#### Setting `{setting}`: {SETTING_TEXT.get(setting, setting)}\n",
-            harness.markdown_table(("method", "lr local / server", "final acc. % (last 10 % of rounds)",
+            markdown_table(("method", "lr local / server", "final acc. % (last 10 % of rounds)",
                                     "acc. % at T", "clients trained / available per round",
                                     "weight share more/corr, more/weak, less/corr, less/weak", "seeds"), rows)]
     diffs, diff_rows = {}, []
@@ -480,13 +494,13 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         for m in methods:
             if m == "CA-Fed":
                 continue
-            mean, lo, hi, n = harness.paired(finals["CA-Fed"], finals[m])
+            mean, lo, hi, n = paired(finals["CA-Fed"], finals[m])
             diffs[m] = (mean, lo, hi, n)
             common = sorted(set(finals["CA-Fed"]) & set(finals[m]))
             wins = sum(finals["CA-Fed"][s] > finals[m][s] for s in common)
-            diff_rows.append((f"CA-Fed − {m}", harness.fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
+            diff_rows.append((f"CA-Fed − {m}", fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
         text += ["\nPaired differences of the final accuracy (same seeds):\n",
-                 harness.markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds CA-Fed ahead"), diff_rows)]
+                 markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds CA-Fed ahead"), diff_rows)]
     verdicts = {}
     pending = "pending" if not complete else None
 
@@ -494,15 +508,15 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         if method not in diffs:
             return "–", "pending"
         mean, lo, hi, n = diffs[method]
-        return (harness.fmt_ci(mean, lo, hi, unit=" pp") + f", {n} seeds",
-                pending or harness.verdict_for_gain(lo, mean, hi, paper))
+        return (fmt_ci(mean, lo, hi, unit=" pp") + f", {n} seeds",
+                pending or verdict_for_gain(lo, mean, hi, paper))
 
     verdicts["C1"] = gain("AdaFed", PAPER_GAIN_ADAFED)
     verdicts["C3"] = gain("Unbiased", PAPER_GAIN_UNBIASED)
     if len(diffs) == len(METHODS) - 1:
         worst = min(diffs, key=lambda m: diffs[m][0])
         mean, lo, hi, n = diffs[worst]
-        verdicts["C2"] = (f"smallest gap: CA-Fed − {worst} = " + harness.fmt_ci(mean, lo, hi, unit=" pp")
+        verdicts["C2"] = (f"smallest gap: CA-Fed − {worst} = " + fmt_ci(mean, lo, hi, unit=" pp")
                           + f", {n} seeds", pending or _verdict_best(diffs))
     for claim, ruled_out in (not_testable or {}).items():
         if claim in verdicts:
@@ -510,7 +524,7 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
     verdicts = {k: verdicts[k] for k in CLAIMS if k in verdicts}
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
-             harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
+             markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
     return "\n".join(text), verdicts
 
 
@@ -518,7 +532,7 @@ def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
     """Protocol v2's power table from v1's `rescaled` records (the paired SD of CA-Fed - X) and the claims it rules
     out at v2's planned seeds: ``(rows, {claim: "not testable here (needs n seeds)"})``."""
     v1 = [r for r in records if r["protocol"] == "v1" and r["setting"] == "rescaled"]
-    finals = {m: harness.by_seed(v1, final_acc, method=m) for m in ("CA-Fed", "AdaFed", "Unbiased")}
+    finals = {m: by_seed(v1, final_acc, method=m) for m in ("CA-Fed", "AdaFed", "Unbiased")}
     planned = len(SEEDS_BY_PROTOCOL["v2"])
     rows, ruled_out = [], {}
     for claim, other, gain in (("C1", "AdaFed", PAPER_GAIN_ADAFED), ("C3", "Unbiased", PAPER_GAIN_UNBIASED)):
@@ -548,7 +562,7 @@ SETTING_V2_TEXT = (
     "learning rates from a pilot grid; seeds 0-19.\n")
 
 
-def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
+def write_report(records: list[dict], out: Path) -> list[Summary]:
     """``out/cafed.md`` and ``out/cafed/*.png`` from the records (every protocol version)."""
     name = "cafed"
     lines = [
@@ -557,14 +571,14 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
         f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md) and [v2]({name}/protocol-v2.md) "
         "(each committed before its runs; each lists the thesis's setting beside ours with every departure).\n",
         "## Claims (quoted in the protocols)\n",
-        harness.markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
+        markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis reports these as curves over 10 runs and the gaps in its text; it gives no table of "
         "accuracies.\n",
         "## Settings\n",
         "Protocol v1: " + SETTING_V1_TEXT,
         "Protocol v2: " + SETTING_V2_TEXT,
     ]
-    summaries: list[harness.Summary] = []
+    summaries: list[Summary] = []
     rows, ruled_out = power_rows(records)
     settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2}
     for protocol in ("v2", "v1"):
@@ -575,10 +589,10 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
             lines += ["Power (from v1's `rescaled` records): the seeds n needed so that the paired 95 % half-width "
                       "t_{0.975,n-1} · SD / sqrt(n) is below the thesis's gain; a claim that needs more than the "
                       f"{len(seeds)} planned seeds is **not testable here** (its estimate is still shown).\n",
-                      harness.markdown_table(_power.POWER_HEADER, rows), ""]
+                      markdown_table(_power.POWER_HEADER, rows), ""]
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
-            summaries += [harness.Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
+            summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
                                           if protocol == "v2" else "pending") for k, (c, p) in CLAIMS.items()]
             continue
         settings = [s for s in settings_of[protocol] if any(r["setting"] == s for r in recs)]
@@ -592,13 +606,13 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
             for k, (ours, verdict) in verdicts.items():
                 label = "" if primary else f" [setting {setting}]"
                 if primary or k != "C2":
-                    summaries.append(harness.Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
+                    summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
                                                      f"{ours} ({setting})", verdict))
         fig = f"{name}/accuracy-{protocol}.png"
         _plot_curves(recs, settings, out / fig, f"CA-Fed study, protocol {protocol}: test accuracy, mean and "
                      "95 % CI over seeds (n in legend)")
         lines += [f"![test accuracy against rounds]({fig})\n",
-                  f"Compute: {harness.compute_used(recs)}.\n"]
+                  f"Compute: {compute_used(recs)}.\n"]
     lines += [
         "## Not run\n",
         "- The Fashion-MNIST CNN counterpart of Fig. 2.1b: not run (compute: a CNN over 100 clients for 200 rounds "
@@ -612,16 +626,16 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
-        harness.provenance_table(records) if records else "No records.\n",
+        provenance_table(records) if records else "No records.\n",
     ]
     (out / f"{name}.md").write_text("\n".join(lines))
     return summaries
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
+CANARY = Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
 
-STUDY = harness.Study(
+STUDY = _repo.study(
     name="cafed",
     title="CA-Fed (thesis ch. 2)",
     protocol="v2",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import math
 
-import harness  # scripts/ is on sys.path whenever a study is loaded
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -38,9 +37,21 @@ from lightning_fedhet.algorithms import CAFedAvg, FedACS, SampledFedAvg
 from lightning_fedhet.algorithms.calibration import lr_scalings
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import Dirichlet, fashion_mnist
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    paired,
+    reproduce_section,
+    save_figure,
+    verdict_for_gain,
+)
 from lightning_fedhet.system import LossyChannel, StepDistribution, UniformLoss
 
-from . import _train
+from . import _repo, _train
 
 NUM_CLASSES = 10
 METHODS = ("FedACS", "FedACS (calibrated)", "FedAvg", "c-a-FedAvg", "FedVarp")
@@ -310,14 +321,14 @@ def v2_config(setting: str, method: str) -> dict:
 
 
 CELLS_BY_PROTOCOL = {
-    "v1": tuple(harness.Cell(setting, method, {**BASE, "heterogeneity": heterogeneity(setting)})
+    "v1": tuple(Cell(setting, method, {**BASE, "heterogeneity": heterogeneity(setting)})
                 for setting, methods in PLANS["v1"] for method in methods),
-    "v2": tuple(harness.Cell(setting, method, v2_config(setting, method))
+    "v2": tuple(Cell(setting, method, v2_config(setting, method))
                 for setting, methods in PLANS["v2"] for method in methods),
 }
 CELLS = CELLS_BY_PROTOCOL[PROTOCOL]
 #: re-run bit for bit by `reproduce.py check --rerun`: the main v2 cell for 2 rounds
-CANARY = harness.Cell("dynamic", "FedACS", {**v2_config("dynamic", "FedACS"), "rounds": 2})
+CANARY = Cell("dynamic", "FedACS", {**v2_config("dynamic", "FedACS"), "rounds": 2})
 
 #: The paper's rounds to threshold, "baseline / FedACS" (CIFAR-10 columns: Dirichlet(0.1) split, threshold 40 %;
 #: MNIST columns: one class per client, threshold 70 %), quoted from Tables 1 and 4.
@@ -359,12 +370,12 @@ def _collapsed(r: dict) -> bool:
 def _cell_row(method: str, rs: list[dict], seeds: tuple[int, ...], protocol: str) -> tuple:
     """One row of a setting's table: the cell's seeds, accuracies, rounds and steps (v2 also its stability)."""
     n = f"{len(rs)}/{len(seeds)}" + ("" if len(rs) >= len(seeds) else " (incomplete)")
-    fa = harness.mean_ci([final_acc(r) for r in rs])
-    rt = harness.mean_ci([rounds_to(r) for r in rs])
-    st = harness.mean_ci([steps_to(r) for r in rs])
-    tot = harness.mean_ci([sum(r["metrics"]["local_steps"]) for r in rs])
-    row = (method, n, harness.fmt_ci(*fa), harness.fmt_ci(*rt, scale=1.0), f"{sum(_reached(r) for r in rs)}/{len(rs)}",
-           harness.fmt_ci(*st, scale=1.0, digits=0), harness.fmt_ci(*tot, scale=1.0, digits=0))
+    fa = mean_ci([final_acc(r) for r in rs])
+    rt = mean_ci([rounds_to(r) for r in rs])
+    st = mean_ci([steps_to(r) for r in rs])
+    tot = mean_ci([sum(r["metrics"]["local_steps"]) for r in rs])
+    row = (method, n, fmt_ci(*fa), fmt_ci(*rt, scale=1.0), f"{sum(_reached(r) for r in rs)}/{len(rs)}",
+           fmt_ci(*st, scale=1.0, digits=0), fmt_ci(*tot, scale=1.0, digits=0))
     if protocol == "v1":
         return row
     if not rs:
@@ -382,15 +393,15 @@ def _comparison(recs: list[dict], setting: str, main: str, method: str, seeds_ne
     acs = {r["seed"]: r for r in recs if r["setting"] == setting and r["method"] == main}
     base = {r["seed"]: r for r in recs if r["setting"] == setting and r["method"] == method}
     seeds = sorted(set(acs) & set(base))
-    gain = harness.mean_ci([rounds_to(base[s]) / rounds_to(acs[s]) - 1 for s in seeds])
-    dacc = harness.paired({s: final_acc(acs[s]) for s in seeds}, {s: final_acc(base[s]) for s in seeds})
-    steps = harness.mean_ci([steps_to(base[s]) / steps_to(acs[s]) for s in seeds])
+    gain = mean_ci([rounds_to(base[s]) / rounds_to(acs[s]) - 1 for s in seeds])
+    dacc = paired({s: final_acc(acs[s]) for s in seeds}, {s: final_acc(base[s]) for s in seeds})
+    steps = mean_ci([steps_to(base[s]) / steps_to(acs[s]) for s in seeds])
     table, paper_c, _ = PAPER[(setting, method)]
     complete = len(acs) >= seeds_needed and len(base) >= seeds_needed
-    verdict = harness.verdict_for_gain(gain[1], gain[0], gain[2], paper_c - 1) if complete else "pending"
-    row = (f"{method} vs {main}", len(seeds), harness.fmt_ci(*gain, scale=1.0, digits=2),
-           f"{paper_c - 1:+.2f} ({table}, CIFAR-10)", harness.fmt_ci(*dacc[:3], unit=" pp"),
-           harness.fmt_ci(*steps, scale=1.0, digits=2), f"**{verdict}**")
+    verdict = verdict_for_gain(gain[1], gain[0], gain[2], paper_c - 1) if complete else "pending"
+    row = (f"{method} vs {main}", len(seeds), fmt_ci(*gain, scale=1.0, digits=2),
+           f"{paper_c - 1:+.2f} ({table}, CIFAR-10)", fmt_ci(*dacc[:3], unit=" pp"),
+           fmt_ci(*steps, scale=1.0, digits=2), f"**{verdict}**")
     return row, verdict, gain, dacc, len(seeds)
 
 
@@ -412,7 +423,7 @@ def write_report(records: list[dict], out) -> list:
         "## Claims (quoted from the paper)\n",
         "Tables 1 (dynamic heterogeneity) and 4 (static): FedACS reaches the accuracy threshold in fewer rounds than "
         "every baseline. Rounds to threshold, baseline / FedACS:\n",
-        harness.markdown_table(("setting", "baseline", "table", "CIFAR-10 (Dirichlet 0.1, 40 %)", "MNIST (70 %)"),
+        markdown_table(("setting", "baseline", "table", "CIFAR-10 (Dirichlet 0.1, 40 %)", "MNIST (70 %)"),
                                [(s, m, t, f"{c:.2f}x", f"{mn:.2f}x") for (s, m), (t, c, mn) in PAPER.items()]),
         "\nOurs: Fashion-MNIST, Dirichlet(0.1) over 20 clients, 30 rounds, threshold "
         f"{100 * THRESHOLD:.0f} % (see the protocols). Decision rule per claim: the per-seed ratio "
@@ -424,7 +435,7 @@ def write_report(records: list[dict], out) -> list:
     ]
     summaries = []
     protocols = sorted({r["protocol"] for r in records} | {PROTOCOL})
-    fig, axes = harness.new_figure(ncols=len(PLAN), width=5.0, height=3.6)
+    fig, axes = new_figure(ncols=len(PLAN), width=5.0, height=3.6)
     for protocol in protocols:
         recs = [r for r in records if r["protocol"] == protocol]
         seeds_needed = len(SEEDS_BY_PROTOCOL[protocol])
@@ -439,7 +450,7 @@ def write_report(records: list[dict], out) -> list:
                     curves = np.array([r["metrics"]["val_acc"] for r in rs])
                     axes[k].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), label=f"{method} (n={len(rs)})")
             header = CELL_HEADER + (STABILITY_HEADER if protocol != "v1" else ())
-            lines.append(harness.markdown_table(header, rows))
+            lines.append(markdown_table(header, rows))
             mains = (methods[0],) + tuple(m for m in methods if protocol != "v1" and m in VARIANTS_V2)
             baselines = [m for m in methods if (setting, m) in PAPER]
             lines.append(f"\nPaired over seeds, each baseline against {' and against '.join(mains)}:\n")
@@ -450,12 +461,12 @@ def write_report(records: list[dict], out) -> list:
                     prow.append(row)
                     if protocol == PROTOCOL and main == methods[0]:
                         table, paper_c, paper_m = PAPER[(setting, method)]
-                        summaries.append(harness.Summary(
+                        summaries.append(Summary(
                             f"{table} ({setting}): FedACS needs fewer rounds to threshold than {method}",
                             f"{paper_c:.2f}x rounds (CIFAR-10), {paper_m:.2f}x (MNIST)",
-                            f"gain {harness.fmt_ci(*gain, scale=1.0, digits=2)} ({n} seeds); final acc "
-                            f"FedACS - {method} {harness.fmt_ci(*dacc[:3], unit=' pp')}", verdict))
-            lines.append(harness.markdown_table(
+                            f"gain {fmt_ci(*gain, scale=1.0, digits=2)} ({n} seeds); final acc "
+                            f"FedACS - {method} {fmt_ci(*dacc[:3], unit=' pp')}", verdict))
+            lines.append(markdown_table(
                 ("comparison", "seeds", "rounds ratio - 1 (baseline / FedACS - 1)", "paper", "final acc FedACS - "
                  "baseline", "local steps to threshold, baseline / FedACS", "verdict"), prow))
             lines.append("")
@@ -464,12 +475,12 @@ def write_report(records: list[dict], out) -> list:
         axes[k].set(title=f"{setting} heterogeneity (protocol {PROTOCOL})", xlabel="round",
                     ylabel="test accuracy % (mean over seeds)")
         axes[k].legend(fontsize=7)
-    harness.save_figure(fig, out_dir / "accuracy.png")
+    save_figure(fig, out_dir / "accuracy.png")
     lines += [
         "![test accuracy per round, mean over seeds](fedacs/accuracy.png)\n",
         "Waiting for a GPU (protocol v2): the paper's MNIST scale (one class per client, about 3,000 images each, "
         "batch 512, lr 0.02, 200 rounds); no record yet.\n",
-        *harness.reproduce_section(records, (
+        *reproduce_section(records, (
             "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedacs            # the missing (cell, seed) records",
             "python scripts/reproduce.py report                                  # this page, from the records",
         )),
@@ -479,5 +490,5 @@ def write_report(records: list[dict], out) -> list:
     return summaries
 
 
-STUDY = harness.Study(name="fedacs", title="FedACS", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+STUDY = _repo.study(name="fedacs", title="FedACS", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, canary=CANARY)

@@ -25,25 +25,43 @@ curve does not level off within the horizon). Pilots run with
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python scripts/studies/fedast.py pilot [--seeds 100] [--methods ...] [--settings ...]`
+    import sys
+
+    from lightning_fedhet.experiments.cli import main
+
+    if sys.argv[1:2] != ["pilot"]:
+        raise SystemExit("usage: python scripts/studies/fedast.py pilot [--seeds S] [--methods M ..] [--settings S ..]")
+    # the pilots' missing records, one seed at a time (fedhet-study imports this file as the module studies.fedast)
+    sys.exit(main(["run", f"{__file__}:PILOT", "--backend", "in-process", *sys.argv[2:]]))
+
 import functools
 import math
-import sys
 from pathlib import Path
 
-if __name__ == "__main__":  # `python scripts/studies/fedast.py pilot`: the harness lives one folder up
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning_fedhet.model_zoo import create
+from torch import nn
 
-import harness  # noqa: E402  (scripts/ is on sys.path whenever a study is loaded)
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from lightning_fedhet.model_zoo import create  # noqa: E402
-from torch import nn  # noqa: E402
+from lightning_fedhet.asynchronous import CappedPool, FedAST, SyncST, Task, run_on_grid
+from lightning_fedhet.data import FixedSizeDirichlet, fashion_mnist, synthetic_leaf
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    reproduce_section,
+    save_figure,
+    verdict_for_gain,
+)
+from lightning_fedhet.flat import FlatModel
+from lightning_fedhet.system import ShiftedExponential
 
-from lightning_fedhet.asynchronous import CappedPool, FedAST, SyncST, Task, run_on_grid  # noqa: E402
-from lightning_fedhet.data import FixedSizeDirichlet, fashion_mnist, synthetic_leaf  # noqa: E402
-from lightning_fedhet.flat import FlatModel  # noqa: E402
-from lightning_fedhet.system import ShiftedExponential  # noqa: E402
+from . import _repo
 
 TASKS = ("fmnist_lenet", "fmnist_mlp", "synthetic_logreg")
 METHODS = ("FedAST(D)", "FedAST(S)", "Sync-ST first-k")
@@ -231,12 +249,12 @@ TARGET_FRACTION = 0.95
 PLATEAU_WINDOW = 0.25  # the plateau: mean accuracy over the last quarter of the pilot's grid
 
 
-def pilot_cells() -> tuple[harness.Cell, ...]:
-    return tuple(harness.Cell(f"lr={lr:g}", m, {**BASE, **method_config(m, lr), "horizon": PILOT_HORIZON})
+def pilot_cells() -> tuple[Cell, ...]:
+    return tuple(Cell(f"lr={lr:g}", m, {**BASE, **method_config(m, lr), "horizon": PILOT_HORIZON})
                  for m, grid in LR_GRID.items() for lr in grid)
 
 
-PILOT = harness.Study(name="fedast", title="FedAST (pilot)", protocol="pilot", seeds=PILOT_SEEDS,
+PILOT = _repo.study(name="fedast", title="FedAST (pilot)", protocol="pilot", seeds=PILOT_SEEDS,
                       cells=pilot_cells(), run=run_cell, report=lambda records, out: [], threads=1)
 
 
@@ -303,7 +321,7 @@ def _pilot_section(records: list[dict], out_dir: Path) -> list[str]:
     rows = [(r["method"], f"{r['config']['server_lr']:g}", r["seed"], f"{100 * auc(r):.1f}",
              *(f"{100 * plateau(r, t):.1f}" for t in TASKS))
             for r in sorted(pilots, key=lambda r: (r["method"], r["config"]["server_lr"], r["seed"]))]
-    lines.append(harness.markdown_table(("method", "eta_s", "seed", "mean acc over grid %",
+    lines.append(markdown_table(("method", "eta_s", "seed", "mean acc over grid %",
                                          *(f"plateau {t} %" for t in TASKS)), rows))
     d = pilot_decisions(records)
     chosen = ", ".join(f"{m}: {v:g}" for m, v in d["lr"].items()) or "pending"
@@ -311,10 +329,10 @@ def _pilot_section(records: list[dict], out_dir: Path) -> list[str]:
     if d["targets"]:
         rows = [(t, *(f"{100 * d['plateau'][t][m]:.1f}" for m in METHODS), f"{100 * d['targets'][t]:.1f}")
                 for t in TASKS if t in d["targets"]]
-        lines.append(harness.markdown_table(("task", *(f"plateau {m} %" for m in METHODS), "target %"), rows))
+        lines.append(markdown_table(("task", *(f"plateau {m} %" for m in METHODS), "target %"), rows))
         same = d["targets"] == TARGETS and d["lr"] == CHOSEN_LR
         lines.append(f"\nProtocol v1 uses these learning rates and targets: **{'yes' if same else 'no'}**.\n")
-    fig, axes = harness.new_figure(ncols=len(TASKS), width=4.2, height=3.2)
+    fig, axes = new_figure(ncols=len(TASKS), width=4.2, height=3.2)
     for ax, t in zip(axes, TASKS):
         for r in pilots:
             if r["seed"] == 100:
@@ -322,7 +340,7 @@ def _pilot_section(records: list[dict], out_dir: Path) -> list[str]:
                         label=f"{r['method']} {r['config']['server_lr']:g}")
         ax.set(title=f"{t}, pilot seed 100", xlabel="simulated seconds", ylabel="test accuracy %")
     axes[0].legend(fontsize=6)
-    harness.save_figure(fig, out_dir / "pilots.png")
+    save_figure(fig, out_dir / "pilots.png")
     return lines + ["![pilot accuracy curves](fedast/pilots.png)\n"]
 
 
@@ -362,7 +380,7 @@ def write_report(records: list[dict], out: Path) -> list:
         lines.append(f"## Results, protocol {protocol} ({len(spec['seeds'])} seeds)\n")
         lines += _results_section(protocol, spec, recs, out_dir, summaries)
     lines += [
-        *harness.reproduce_section(records, (
+        *reproduce_section(records, (
             "OMP_NUM_THREADS=1 python scripts/studies/fedast.py pilot      # the pilot records (seeds 100-101)",
             "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedast      "
             "# the missing reported (method, seed) records",
@@ -376,8 +394,8 @@ def write_report(records: list[dict], out: Path) -> list:
 
 def _fmt_time(values: list[tuple[float, bool]]) -> str:
     censored = sum(c for _, c in values)
-    m, lo, hi = harness.mean_ci([v for v, _ in values])
-    text = harness.fmt_ci(m, lo, hi, scale=1.0, digits=0, unit=" s")
+    m, lo, hi = mean_ci([v for v, _ in values])
+    text = fmt_ci(m, lo, hi, scale=1.0, digits=0, unit=" s")
     return (">" if censored else "") + text + (f" ({censored} censored)" if censored else "")
 
 
@@ -412,35 +430,35 @@ def _results_section(protocol: str, spec: dict, recs: list[dict], out_dir: Path,
                      _fmt_time([spec["time_of"](r) for r in rs]),
                      f"{np.mean([sum(r['metrics']['updates'].values()) for r in rs]):.0f}"))
     lines.append("Simulated seconds to target (mean [95 % CI] over seeds):\n")
-    lines.append(harness.markdown_table(("method", "seeds", *TASKS, spec["time_text"], "local updates trained"),
+    lines.append(markdown_table(("method", "seeds", *TASKS, spec["time_text"], "local updates trained"),
                                         rows))
     prow = []
     for cid, a, b, paper, where in CLAIMS:
         gains, censored = _paired_gains(recs, a, b, spec["time_of"])
-        mean, lo, hi = harness.mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
+        mean, lo, hi = mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
         complete = all(sum(r["method"] == m for r in recs) >= len(seeds) for m in (a, b))
-        verdict = harness.verdict_for_gain(lo, mean, hi, paper) if complete else "pending"
+        verdict = verdict_for_gain(lo, mean, hi, paper) if complete else "pending"
         if censored and verdict != "pending":
             verdict += f" ({censored} of {len(gains)} pairs censored at {horizon:g} s)"
-        ours = harness.fmt_ci(mean, lo, hi, unit=" %")
+        ours = fmt_ci(mean, lo, hi, unit=" %")
         per_seed = ", ".join(f"{100 * g:+.1f}" for g in gains.values())
         prow.append((cid, f"{a} vs {b}", len(gains), ours, per_seed, f"+{100 * paper:.1f} %", f"**{verdict}**"))
-        summaries.append(harness.Summary(f"{cid} {where} [{protocol}: {spec['time_text']}]", f"+{100 * paper:.1f} %",
+        summaries.append(Summary(f"{cid} {where} [{protocol}: {spec['time_text']}]", f"+{100 * paper:.1f} %",
                                          f"{ours} ({len(gains)} seeds)", verdict))
     lines.append(f"\nTime gains, T = the time {spec['time_text']} reached its target (per seed: "
                  "`(T_b - T_a) / T_b`):\n")
-    lines.append(harness.markdown_table(("claim", "comparison", "seeds", "gain % (mean [95 % CI])",
+    lines.append(markdown_table(("claim", "comparison", "seeds", "gain % (mean [95 % CI])",
                                          "per seed %", "paper", "verdict"), prow))
     trow = []
     for a in ("FedAST(D)", "FedAST(S)"):
         b = "Sync-ST first-k"
         for t in TASKS:
             gains, censored = _paired_gains(recs, a, b, lambda r, t=t: task_time(r, t))
-            mean, lo, hi = harness.mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
-            trow.append((f"{a} vs {b}", t, len(gains), harness.fmt_ci(mean, lo, hi, unit=" %"),
+            mean, lo, hi = mean_ci(list(gains.values())) if gains else (float("nan"),) * 3
+            trow.append((f"{a} vs {b}", t, len(gains), fmt_ci(mean, lo, hi, unit=" %"),
                          ", ".join(f"{100 * g:+.1f}" for g in gains.values()), censored))
     lines.append("\nPer task (descriptive, not a claim of the paper's; a pair with a censored run uses the horizon):\n")
-    lines.append(harness.markdown_table(("comparison", "task", "seeds", "gain % (mean [95 % CI])", "per seed %",
+    lines.append(markdown_table(("comparison", "task", "seeds", "gain % (mean [95 % CI])", "per seed %",
                                          "pairs with a censored run"), trow))
     moved = {r["seed"]: sum(1 for x in r["metrics"].get("reallocations", []) if x.get("R"))
              for r in recs if r["method"] == "FedAST(D)"}
@@ -449,7 +467,7 @@ def _results_section(protocol: str, spec: dict, recs: list[dict], out_dir: Path,
                      "per seed: " + ", ".join(f"seed {k}: {v}" for k, v in sorted(moved.items())) + ".\n")
     if not recs:
         return lines + [""]
-    fig, axes = harness.new_figure(ncols=len(TASKS), width=4.2, height=3.2)
+    fig, axes = new_figure(ncols=len(TASKS), width=4.2, height=3.2)
     for ax, t in zip(axes, TASKS):
         for i, m in enumerate(METHODS):
             rs = [r for r in recs if r["method"] == m]
@@ -461,7 +479,7 @@ def _results_section(protocol: str, spec: dict, recs: list[dict], out_dir: Path,
         ax.set(title=f"{t} (target {100 * targets[t]:.1f} %)", xlabel="simulated seconds",
                ylabel="test accuracy %")
     axes[0].legend(fontsize=7)
-    harness.save_figure(fig, out_dir / spec["figure"])
+    save_figure(fig, out_dir / spec["figure"])
     lines.append(f"\n![accuracy on the evaluation grid, every seed, protocol {protocol}](fedast/{spec['figure']})\n")
     return lines
 
@@ -480,7 +498,7 @@ HORIZON = 1200.0
 #: Chosen by the pilot protocol's rules from the pilot records (the page checks that pilot_decisions gives these).
 CHOSEN_LR: dict[str, float] = {"FedAST(S)": 0.1, "Sync-ST first-k": 1.5, "FedAST(D)": 0.1}
 TARGETS: dict[str, float] = {"fmnist_lenet": 0.732, "fmnist_mlp": 0.792, "synthetic_logreg": 0.265}
-V1_CELLS = tuple(harness.Cell("heterogeneous", m, {**BASE, **method_config(m, CHOSEN_LR[m]), "horizon": HORIZON,
+V1_CELLS = tuple(Cell("heterogeneous", m, {**BASE, **method_config(m, CHOSEN_LR[m]), "horizon": HORIZON,
                                                    "targets": TARGETS}) for m in METHODS)
 
 # ----------------------------------------------------------------------------------------------- protocol v2 cells
@@ -491,7 +509,7 @@ SEEDS = (3, 4, 5, 6, 7)
 #: the tasks whose times decide v2's claims: the two image tasks on real data with the paper's recipes; the
 #: synthetic stand-in trains alongside (it shares the pool) but its curve never levels off within the horizon
 IMAGE_TASKS = ("fmnist_lenet", "fmnist_mlp")
-CELLS = tuple(harness.Cell("heterogeneous", m, {**BASE, **method_config(m, CHOSEN_LR[m]), "horizon": HORIZON,
+CELLS = tuple(Cell("heterogeneous", m, {**BASE, **method_config(m, CHOSEN_LR[m]), "horizon": HORIZON,
                                                 "targets": TARGETS, "claim_tasks": list(IMAGE_TASKS)})
               for m in METHODS)
 
@@ -518,26 +536,7 @@ PROTOCOLS = {
 }
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "horizon": 30.0, "eval_every": 10.0})
+CANARY = Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "horizon": 30.0, "eval_every": 10.0})
 
-STUDY = harness.Study(name="fedast", title="FedAST", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+STUDY = _repo.study(name="fedast", title="FedAST", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, canary=CANARY)
-
-
-def main(argv: list[str]) -> int:
-    """``pilot [--seeds 100] [--methods ...] [--settings lr=0.1 ...]``: run missing pilot records."""
-    import argparse
-
-    p = argparse.ArgumentParser(description="FedAST pilots (not reported as results)")
-    p.add_argument("command", choices=["pilot"])
-    p.add_argument("--seeds", default=None)
-    p.add_argument("--methods", nargs="+", default=None)
-    p.add_argument("--settings", nargs="+", default=None)
-    args = p.parse_args(argv)
-    seeds = harness.parse_seeds(args.seeds, PILOT_SEEDS)
-    harness.run_study(PILOT, seeds, args.methods, args.settings, batch_seeds=False)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 
-import harness  # scripts/ is on sys.path whenever a study is loaded
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
@@ -31,9 +30,22 @@ from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.algorithms import MIFA, FedAU, FedAvg, FedVARP
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import fashion_mnist
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    by_seed,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    paired,
+    reproduce_section,
+    save_figure,
+    verdict_for_gain,
+)
 from lightning_fedhet.participation import Bernoulli, Cyclic, LabelCorrelated, Markov
 
-from . import _train
+from . import _repo, _train
 
 NUM_CLASSES = 10
 METHODS = ("FedAU (K=50)", "Average participating", "Average all", "Known participation statistics", "FedVARP",
@@ -279,7 +291,7 @@ V1_PLAN = (("bernoulli", ("FedAU (K=50)", "Average participating")),
 
 
 def _cells(base: dict, plan) -> tuple:
-    return tuple(harness.Cell(pattern, method, {**base, "pattern": pattern, "client_lr": LRS[method][0],
+    return tuple(Cell(pattern, method, {**base, "pattern": pattern, "client_lr": LRS[method][0],
                                                 "server_lr": LRS[method][1]})
                  for pattern, methods in plan for method in methods)
 
@@ -354,7 +366,7 @@ def write_report(records: list[dict], out) -> list:
         "5 seeds): FedAU has the highest accuracy against almost all baselines, including those with extra memory or "
         "knowledge; under the cyclic pattern the stale-memory methods (FedVARP, MIFA) degrade strongly. "
         "The paper's test accuracies (%) for the comparisons we run, FedAU (K=50) against the baseline:\n",
-        harness.markdown_table(
+        markdown_table(
             ("pattern", "baseline", "SVHN: FedAU / baseline (gain)", "CIFAR-10: FedAU / baseline (gain)"),
             [(pat, meth, f"{sv[0]:.1f} / {sv[1]:.1f} ({sv[0] - sv[1]:+.1f} pp)",
               f"{cf[0]:.1f} / {cf[1]:.1f} ({cf[0] - cf[1]:+.1f} pp)")
@@ -370,7 +382,7 @@ def write_report(records: list[dict], out) -> list:
     ]
     summaries = []
     v2_plan = PROTOCOLS[PROTOCOL][2]
-    fig, axes = harness.new_figure(ncols=len(v2_plan), width=4.6, height=3.6)
+    fig, axes = new_figure(ncols=len(v2_plan), width=4.6, height=3.6)
     for protocol, (seeds, cells, plan) in PROTOCOLS.items():
         recs = [r for r in records if r["protocol"] == protocol]
         lines.append(f"## Results, protocol {protocol} ({len(seeds)} seeds)\n")
@@ -380,19 +392,19 @@ def write_report(records: list[dict], out) -> list:
                          "(`scripts/gpu/fedau_v2.py`; the protocol gives the cost on this machine).\n")
         for k, (pattern, methods) in enumerate(plan):
             lines.append(f"### {pattern} participation ({protocol})\n")
-            acc = {m: harness.by_seed(recs, final_acc, setting=pattern, method=m) for m in methods}
+            acc = {m: by_seed(recs, final_acc, setting=pattern, method=m) for m in methods}
             complete = {m: len(acc[m]) >= len(seeds) for m in methods}
             rows = []
             for m in methods:
                 rs = [r for r in recs if r["setting"] == pattern and r["method"] == m]
                 n = f"{len(rs)}/{len(seeds)}" + ("" if complete[m] else " (incomplete)")
-                recv = harness.mean_ci([np.mean(r["metrics"]["received"]) for r in rs])
-                floor = harness.mean_ci([r["config"]["p_at_floor"] / r["config"]["num_clients"] for r in rs])
+                recv = mean_ci([np.mean(r["metrics"]["received"]) for r in rs])
+                floor = mean_ci([r["config"]["p_at_floor"] / r["config"]["num_clients"] for r in rs])
                 gamma, eta = (rs[0]["config"]["client_lr"], rs[0]["config"]["server_lr"]) if rs else LRS[m]
                 rounds = ", ".join(str(v) for v in sorted({r["config"]["rounds"] for r in rs})) or "–"
                 rows.append((m, n, rounds, f"{gamma:g} / {eta:g}",
-                             harness.fmt_ci(*harness.mean_ci(list(acc[m].values()))),
-                             harness.fmt_ci(*recv, scale=1.0), harness.fmt_ci(*floor, digits=0, unit=" %")))
+                             fmt_ci(*mean_ci(list(acc[m].values()))),
+                             fmt_ci(*recv, scale=1.0), fmt_ci(*floor, digits=0, unit=" %")))
                 if protocol == PROTOCOL and rs:
                     # mean over the seeds evaluated at each round
                     by_round: dict[int, list[float]] = {}
@@ -401,32 +413,32 @@ def write_report(records: list[dict], out) -> list:
                             by_round.setdefault(rnd, []).append(a)
                     xs = sorted(by_round)
                     axes[k].plot(xs, [100 * np.mean(by_round[x]) for x in xs], label=f"{m} (n={len(rs)})")
-            lines.append(harness.markdown_table(
+            lines.append(markdown_table(
                 ("method", "seeds", "rounds", "gamma / eta", "test accuracy % (mean [95 % CI])", "clients per round",
                  "clients at the floor p = 0.02"), rows))
             lines.append(f"\nPaired differences FedAU (K=50) - baseline (percentage points) and verdicts "
                          f"({protocol}):\n")
             prow = []
             for m in methods[1:]:
-                mean, lo, hi, n = harness.paired(acc[methods[0]], acc[m])
+                mean, lo, hi, n = paired(acc[methods[0]], acc[m])
                 (sv, _) = PAPER[(pattern, m)]
                 gain = (sv[0] - sv[1]) / 100
                 ok = complete[methods[0]] and complete[m]
-                verdict = harness.verdict_for_gain(lo, mean, hi, gain) if ok else "pending"
+                verdict = verdict_for_gain(lo, mean, hi, gain) if ok else "pending"
                 if verdict == "pending" and protocol == PROTOCOL and not (acc[methods[0]] and acc[m]):
                     verdict = "pending (waiting for a GPU)"
                 half = (hi - lo) / 2
                 wide = half == half and half >= gain
                 if wide and lo <= 0 <= hi and verdict in ("direction only", "not reproduced"):
                     verdict += " (interval wider than the paper's effect)"
-                ours = harness.fmt_ci(mean, lo, hi, unit=" pp")
+                ours = fmt_ci(mean, lo, hi, unit=" pp")
                 prow.append((m, n, ours, "–" if half != half else f"{100 * half:.2f} pp",
                              "–" if half != half else ("no" if wide else "yes"), f"{100 * gain:+.1f} pp (SVHN)",
                              f"**{verdict}**"))
-                summaries.append(harness.Summary(
+                summaries.append(Summary(
                     f"Table 1 ({pattern}): FedAU (K=50) beats {m} [{protocol}]", f"{100 * gain:+.1f} pp (SVHN)",
                     f"{ours} ({n} seeds)", verdict))
-            lines.append(harness.markdown_table(("baseline", "seeds", "ours (mean [95 % CI])", "half-width",
+            lines.append(markdown_table(("baseline", "seeds", "ours (mean [95 % CI])", "half-width",
                                                  "half-width < paper's effect", "paper", "verdict"), prow))
             lines.append("")
     for k, (pattern, _) in enumerate(v2_plan):
@@ -434,12 +446,12 @@ def write_report(records: list[dict], out) -> list:
                     ylabel="test accuracy % (mean over seeds)")
         if axes[k].lines:
             axes[k].legend(fontsize=7)
-    harness.save_figure(fig, out_dir / "accuracy.png")
+    save_figure(fig, out_dir / "accuracy.png")
     lines += [
         f"![test accuracy per round, mean over seeds (protocol {PROTOCOL})](fedau/accuracy.png)\n",
         "Protocol v1 evaluated each point on a different 200-image chunk of the test set (noisier curves); "
         "protocol v2 on the full test set.\n",
-        *harness.reproduce_section(records, (
+        *reproduce_section(records, (
             "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau   # v2's cells need CUDA; on a GPU machine:",
             "PYTHONPATH=. python3 scripts/gpu/fedau_v2.py --data-dir .gpu_data --out \"$OUT\"   # records.jsonl",
             "python scripts/gpu/import_records.py records.jsonl        # into records/fedau/v2/",
@@ -452,9 +464,9 @@ def write_report(records: list[dict], out) -> list:
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method,
+CANARY = Cell(CELLS[0].setting, CELLS[0].method,
                       {**CELLS[0].config, "num_clients": 50, "rounds": 4, "eval_every": 2, "metric_window_rounds": 2,
                        "needs_gpu": False})
 
-STUDY = harness.Study(name="fedau", title="FedAU", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+STUDY = _repo.study(name="fedau", title="FedAU", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, run_seeds=run_seeds, canary=CANARY)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import math
 
-import harness  # scripts/ is on sys.path whenever a study is loaded
 import numpy as np
 import torch
 from lightning_fedhet.callbacks import CISAccuracy
@@ -38,8 +37,21 @@ from lightning_fedhet.algorithms.fedcis import FedCIS, exit_masks
 from lightning_fedhet.cis import CISTopology
 from lightning_fedhet.data import fashion_mnist
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    by_seed,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    paired,
+    reproduce_section,
+    save_figure,
+    verdict_for_gain,
+)
 
-from . import _power, _train
+from . import _power, _repo, _train
 
 NUM_CLASSES = 10
 STRATEGIES = {"Serving Rate": "serving_rate", "Equal Weight": "equal"}
@@ -160,7 +172,7 @@ BASE = {
     "weight_decay": 5e-4, "optimizer_state": "reset each round", "batch_size": 32, "local_steps": 10,
     "rounds": 20, "eval_every": 10, "confidence": "norm_entropy", "engine": "sequential",
 }
-CELLS_V1 = tuple(harness.Cell(setting, method, {**BASE, "aggregation_base": base})
+CELLS_V1 = tuple(Cell(setting, method, {**BASE, "aggregation_base": base})
                  for setting, base in SETTINGS.items() for method in STRATEGIES)
 #: Thesis Table 5.1 (equal partition, 80-15-5, CIS accuracy %, mean ± spread over 3 seeds).
 PAPER = {"CIFAR10": (54.2, 2.4, 49.9, 1.2), "CIFAR100": (45.0, 0.7, 39.8, 1.2)}
@@ -182,7 +194,7 @@ TABLE_5_1 = {
 }
 COLUMNS = tuple(c for c in TABLE_5_1["CIFAR10"] if c != "33-33-33")
 BASE_V2 = {**BASE, "aggregation_base": "root_local", "optimizer_state": "kept across rounds (per node)"}
-CELLS = tuple(harness.Cell(column, method, {**BASE_V2, "serving": column}) for column in COLUMNS
+CELLS = tuple(Cell(column, method, {**BASE_V2, "serving": column}) for column in COLUMNS
               for method in STRATEGIES)
 
 
@@ -214,26 +226,26 @@ def _v1_section(recs: list[dict], axes) -> tuple[list[str], list]:
             n = f"{len(rs)}/{len(SEEDS_V1)}" + ("" if len(rs) >= len(SEEDS_V1) else " (incomplete)")
             lt = "(" + ", ".join(f"{v:.3f}" for v in rs[0]["config"]["lambda_tilde"]) + ")" if rs else "–"
             rows.append((setting, method, lt, n,
-                         *[harness.fmt_ci(*harness.mean_ci([last(r, key) for r in rs])) for key in KEYS]))
+                         *[fmt_ci(*mean_ci([last(r, key) for r in rs])) for key in KEYS]))
             for e, key in enumerate(KEYS):
                 vals = [100 * last(r, key) for r in rs]
                 if not vals:
                     continue
                 x = e + (j - 0.5) * 0.38
-                axes[k].bar(x, harness.mean_ci(vals)[0], 0.36, color=f"C{j}", label=method if e == 0 else None)
+                axes[k].bar(x, mean_ci(vals)[0], 0.36, color=f"C{j}", label=method if e == 0 else None)
                 axes[k].plot([x] * len(vals), vals, "k.", ms=3)
-        sr = harness.by_seed(recs, cis, setting=setting, method="Serving Rate")
-        ew = harness.by_seed(recs, cis, setting=setting, method="Equal Weight")
-        mean, lo, hi, n = harness.paired(sr, ew)
+        sr = by_seed(recs, cis, setting=setting, method="Serving Rate")
+        ew = by_seed(recs, cis, setting=setting, method="Equal Weight")
+        mean, lo, hi, n = paired(sr, ew)
         complete = len(sr) >= len(SEEDS_V1) and len(ew) >= len(SEEDS_V1)
-        verdict = harness.verdict_for_gain(lo, mean, hi, PAPER_GAIN) if complete else "pending"
-        e1 = harness.paired(*[harness.by_seed(recs, lambda r: last(r, "val_acc_exit1"), setting=setting,
+        verdict = verdict_for_gain(lo, mean, hi, PAPER_GAIN) if complete else "pending"
+        e1 = paired(*[by_seed(recs, lambda r: last(r, "val_acc_exit1"), setting=setting,
                                               method=m) for m in STRATEGIES])
-        prow.append((setting, n, harness.fmt_ci(mean, lo, hi, unit=" pp"), "+4.3 pp (CIFAR10)",
-                     harness.fmt_ci(*e1[:3], unit=" pp"), f"**{verdict}**"))
-        summaries.append(harness.Summary(
+        prow.append((setting, n, fmt_ci(mean, lo, hi, unit=" pp"), "+4.3 pp (CIFAR10)",
+                     fmt_ci(*e1[:3], unit=" pp"), f"**{verdict}**"))
+        summaries.append(Summary(
             f"v1, Table 5.1, 80-15-5: Serving Rate beats Equal Weight on CIS accuracy ({setting})",
-            "+4.3 pp (CIFAR10: 54.2 vs 49.9)", f"{harness.fmt_ci(mean, lo, hi, unit=' pp')} ({n} seeds)", verdict))
+            "+4.3 pp (CIFAR10: 54.2 vs 49.9)", f"{fmt_ci(mean, lo, hi, unit=' pp')} ({n} seeds)", verdict))
     for k, setting in enumerate(SETTINGS):
         axes[k].set_xticks(range(4), ["exit 1", "exit 2", "exit 3", "CIS"])
         axes[k].set(title=f"{setting} (protocol v1, 80-15-5)", ylabel="test accuracy % (bars: mean; dots: seeds)")
@@ -241,10 +253,10 @@ def _v1_section(recs: list[dict], axes) -> tuple[list[str], list]:
     lines += [
         "Setting: 80-15-5 only, momentum reset each round, seeds 0-4 (protocol v1). Test accuracy % (2,000 test "
         "images) after the last round, mean [95 % CI]:\n",
-        harness.markdown_table(("setting", "strategy", "Lambda-tilde", "seeds", "exit 1", "exit 2", "exit 3",
+        markdown_table(("setting", "strategy", "Lambda-tilde", "seeds", "exit 1", "exit 2", "exit 3",
                                 "CIS accuracy"), rows),
         "\nPaired over seeds, Serving Rate - Equal Weight:\n",
-        harness.markdown_table(("setting", "seeds", "CIS accuracy", "thesis", "exit 1 alone", "verdict"), prow),
+        markdown_table(("setting", "seeds", "CIS accuracy", "thesis", "exit 1 alone", "verdict"), prow),
         "\n![v1: per-exit and CIS test accuracy after the last round](fedcis/accuracy.png)\n",
     ]
     return lines, summaries
@@ -253,7 +265,7 @@ def _v1_section(recs: list[dict], axes) -> tuple[list[str], list]:
 def power_sd(records: list[dict]) -> tuple[float, int]:
     """Paired SD of Serving Rate - Equal Weight (CIS accuracy) in v1's `released code` setting: v2's power basis."""
     v1 = [r for r in records if r["protocol"] == "v1" and r["setting"] == "released code"]
-    return _power.paired_sd(*[harness.by_seed(v1, cis, method=m) for m in STRATEGIES])
+    return _power.paired_sd(*[by_seed(v1, cis, method=m) for m in STRATEGIES])
 
 
 def v2_verdict(column: str, mean: float, lo: float, hi: float, complete: bool, need: int | None) -> str:
@@ -262,7 +274,7 @@ def v2_verdict(column: str, mean: float, lo: float, hi: float, complete: bool, n
         return f"not testable here (needs {_power.needed_text(need)} seeds)"
     if not complete:
         return "pending"
-    return harness.verdict_for_gain(lo, mean, hi, paper_gain(column))
+    return verdict_for_gain(lo, mean, hi, paper_gain(column))
 
 
 def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], list]:
@@ -274,20 +286,20 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
             n = f"{len(rs)}/{len(SEEDS)}" + ("" if len(rs) >= len(SEEDS) else " (incomplete)")
             lt = "(" + ", ".join(f"{v:.3f}" for v in rs[0]["config"]["lambda_tilde"]) + ")" if rs else "–"
             rows.append((column, method, lt, n,
-                         *[harness.fmt_ci(*harness.mean_ci([last(r, key) for r in rs])) for key in KEYS]))
-        sr = harness.by_seed(recs, cis, setting=column, method="Serving Rate")
-        ew = harness.by_seed(recs, cis, setting=column, method="Equal Weight")
-        mean, lo, hi, n = harness.paired(sr, ew)
+                         *[fmt_ci(*mean_ci([last(r, key) for r in rs])) for key in KEYS]))
+        sr = by_seed(recs, cis, setting=column, method="Serving Rate")
+        ew = by_seed(recs, cis, setting=column, method="Equal Weight")
+        mean, lo, hi, n = paired(sr, ew)
         gain = paper_gain(column)
         need = _power.seeds_needed(sd, gain)
         complete = len(sr) >= len(SEEDS) and len(ew) >= len(SEEDS)
         verdict = v2_verdict(column, mean, lo, hi, complete, need)
         power_rows.append(_power.power_row(f"{column}: Serving Rate − Equal Weight", sd, n_sd, gain, len(SEEDS)))
-        prow.append((column, n, harness.fmt_ci(mean, lo, hi, unit=" pp"), f"{100 * gain:+.1f} pp",
+        prow.append((column, n, fmt_ci(mean, lo, hi, unit=" pp"), f"{100 * gain:+.1f} pp",
                      f"{100 * paper_gain(column, 'CIFAR100'):+.1f} pp", f"**{verdict}**"))
-        summaries.append(harness.Summary(
+        summaries.append(Summary(
             f"v2, Table 5.1, {column}: Serving Rate vs Equal Weight on CIS accuracy (released code)",
-            f"{100 * gain:+.1f} pp (CIFAR10)", f"{harness.fmt_ci(mean, lo, hi, unit=' pp')} ({n} seeds)", verdict))
+            f"{100 * gain:+.1f} pp (CIFAR10)", f"{fmt_ci(mean, lo, hi, unit=' pp')} ({n} seeds)", verdict))
         if n:
             diffs = [100 * (sr[s] - ew[s]) for s in sorted(set(sr) & set(ew))]
             ax.bar(i - 0.2, mean * 100, 0.38, color="C0", label="ours (Fashion-MNIST)" if i == 0 else None)
@@ -308,12 +320,12 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
         "Power (protocol v2): seeds n needed so that the paired 95 % half-width t_{0.975,n-1} · SD / sqrt(n) is "
         "below the thesis's CIFAR10 gain, with SD the paired SD of v1's `released code` records; a column that "
         "needs more than the planned seeds is **not testable here** (its estimate is still shown).\n",
-        harness.markdown_table(_power.POWER_HEADER, power_rows),
+        markdown_table(_power.POWER_HEADER, power_rows),
         "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI]:\n",
-        harness.markdown_table(("serving", "strategy", "Lambda-tilde", "seeds", "exit 1", "exit 2", "exit 3",
+        markdown_table(("serving", "strategy", "Lambda-tilde", "seeds", "exit 1", "exit 2", "exit 3",
                                 "CIS accuracy"), rows),
         "\nPaired over seeds, Serving Rate − Equal Weight (CIS accuracy):\n",
-        harness.markdown_table(("serving", "seeds", "ours", "thesis CIFAR10", "thesis CIFAR100", "verdict"), prow),
+        markdown_table(("serving", "seeds", "ours", "thesis CIFAR10", "thesis CIFAR100", "verdict"), prow),
         "\n![v2: paired difference per serving column, ours and the thesis's](fedcis/columns-v2.png)\n",
     ]
     return lines, summaries
@@ -331,7 +343,7 @@ def write_report(records: list[dict], out) -> list:
         "Ch. 5, Table 5.1 (equal data partition, 7-node tree, p = 0): \"Serving Rate\" (Lambda-tilde = Lambda) "
         "against \"Equal Weight\" (Lambda-tilde_e = 1/E) on CIS accuracy, per serving setting; on CIFAR10 the text "
         "states +4.3 p.p. at 80-15-5.\n",
-        harness.markdown_table(("dataset", "strategy", *TABLE_5_1["CIFAR10"]),
+        markdown_table(("dataset", "strategy", *TABLE_5_1["CIFAR10"]),
                                [(d, m, *(v[j] for v in TABLE_5_1[d].values())) for d in TABLE_5_1
                                 for j, m in enumerate(STRATEGIES)]),
         "\nDecision rule (v1 per setting, v2 per column): the paired difference Serving Rate − Equal Weight of the CIS "
@@ -341,13 +353,13 @@ def write_report(records: list[dict], out) -> list:
         "**pending** while a cell has fewer than its seeds; v2 only: **not testable here** when the power analysis "
         "needs more seeds than planned.\n",
     ]
-    fig, axes = harness.new_figure(ncols=len(SETTINGS), width=5.0, height=3.6)
+    fig, axes = new_figure(ncols=len(SETTINGS), width=5.0, height=3.6)
     v1_lines, summaries = _v1_section([r for r in records if r["protocol"] == "v1"], axes)
-    harness.save_figure(fig, out_dir / "accuracy.png")
-    fig, axes = harness.new_figure(ncols=1, width=7.0, height=3.8)
+    save_figure(fig, out_dir / "accuracy.png")
+    fig, axes = new_figure(ncols=1, width=7.0, height=3.8)
     v2_lines, v2_summaries = _v2_section([r for r in records if r["protocol"] == "v2"], records, axes[0])
-    harness.save_figure(fig, out_dir / "columns-v2.png")
-    lines += v2_lines + v1_lines + harness.reproduce_section(records, (
+    save_figure(fig, out_dir / "columns-v2.png")
+    lines += v2_lines + v1_lines + reproduce_section(records, (
         "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis            # the missing (cell, seed) records",
         "python scripts/reproduce.py report                                  # this page, from the records",
     ))
@@ -357,7 +369,7 @@ def write_report(records: list[dict], out) -> list:
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 2})
+CANARY = Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 2})
 
-STUDY = harness.Study(name="fedcis", title="Fed-CIS", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+STUDY = _repo.study(name="fedcis", title="Fed-CIS", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, canary=CANARY)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 
-import harness  # scripts/ is on sys.path whenever a study is loaded
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
@@ -26,9 +25,22 @@ from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.algorithms import FedStale
 from lightning_fedhet.classifier import Classifier
 from lightning_fedhet.data import LabelSwap, fashion_mnist
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    by_seed,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    paired,
+    reproduce_section,
+    save_figure,
+    verdict_for_gain,
+)
 from lightning_fedhet.participation import Bernoulli, TwoGroup
 
-from . import _train
+from . import _repo, _train
 
 NUM_CLASSES = 10
 BETAS = (0.0, 0.2, 0.5, 0.8, 1.0)
@@ -170,7 +182,7 @@ V1_BASE = {
     "server_lr": 1.0, "weighting": "known_p", "p_source": "known", "rounds": 50, "eval_every": 2,
     "metric_window_rounds": 10, "engine": "vmap",
 }
-V1_CELLS = tuple(harness.Cell(SETTING, method_name(b), {**V1_BASE, "beta": b}) for b in BETAS)
+V1_CELLS = tuple(Cell(SETTING, method_name(b), {**V1_BASE, "beta": b}) for b in BETAS)
 
 # ------------------------------------------------------------------------------------------------ protocol v2 cells
 PROTOCOL = "v2"
@@ -181,8 +193,8 @@ BASE = {**{k: v for k, v in V1_BASE.items() if k != "swap_pair"}, "swap_group": 
 GPU_SETTING = SETTING + ", paper width"
 #: the order the CPU cells run in (C1 and C2 first, then C3/C4's beta = 0.5, then the descriptive beta = 0.2)
 RUN_ORDER = (0.0, 0.8, 1.0, 0.5, 0.2)
-CELLS = tuple(harness.Cell(SETTING, method_name(b), {**BASE, "beta": b}) for b in RUN_ORDER) + tuple(
-    harness.Cell(GPU_SETTING, method_name(b), {**BASE, "beta": b, "width": 32, "hidden": 128, "batch_size": 128,
+CELLS = tuple(Cell(SETTING, method_name(b), {**BASE, "beta": b}) for b in RUN_ORDER) + tuple(
+    Cell(GPU_SETTING, method_name(b), {**BASE, "beta": b, "width": 32, "hidden": 128, "batch_size": 128,
                                                "needs_gpu": True}) for b in RUN_ORDER)
 #: per protocol: its seeds and cells (the page shows every protocol with its own verdicts)
 PROTOCOLS = {"v1": (V1_SEEDS, V1_CELLS), PROTOCOL: (SEEDS, CELLS)}
@@ -230,9 +242,9 @@ def _beta_rows(recs: list[dict], setting: str, seeds: tuple, acc: dict, complete
     for b in BETAS:
         rs = [r for r in recs if r["setting"] == setting and r["method"] == method_name(b)]
         n = f"{len(rs)}/{len(seeds)}" + ("" if complete[b] else " (incomplete)")
-        low = harness.mean_ci([np.mean(r["metrics"]["received_low"]) for r in rs])
-        rows.append((_label(b), n, harness.fmt_ci(*harness.mean_ci(list(acc[b].values()))),
-                     harness.fmt_ci(*low, scale=1.0, digits=2)))
+        low = mean_ci([np.mean(r["metrics"]["received_low"]) for r in rs])
+        rows.append((_label(b), n, fmt_ci(*mean_ci(list(acc[b].values()))),
+                     fmt_ci(*low, scale=1.0, digits=2)))
     return rows
 
 
@@ -245,12 +257,12 @@ def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, rec
         lines.append(f"**Waiting for a GPU**: {len(cells)} cells x {len(seeds)} seeds, none run yet (see the "
                      "protocol for the cost on this machine).\n")
         return lines
-    acc = {b: harness.by_seed(recs, final_acc, setting=setting, method=method_name(b)) for b in BETAS}
+    acc = {b: by_seed(recs, final_acc, setting=setting, method=method_name(b)) for b in BETAS}
     complete = {b: b in betas_here and len(acc[b]) >= len(seeds) for b in BETAS}
-    lines.append(harness.markdown_table(
+    lines.append(markdown_table(
         ("method", "seeds", "test accuracy % (mean [95 % CI])", "low-group clients per round"),
         _beta_rows(recs, setting, seeds, acc, complete)))
-    means = {b: harness.mean_ci(list(acc[b].values()))[0] for b in BETAS if acc[b]}
+    means = {b: mean_ci(list(acc[b].values()))[0] for b in BETAS if acc[b]}
     if means:
         best = max(means, key=lambda b: means[b])
         state = "" if all(complete[b] for b in betas_here) else " (incomplete cells)"
@@ -259,21 +271,21 @@ def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, rec
                  "beside the paper's effect it must beat:\n")
     prow = []
     for cid, b, base, gain, where in CLAIMS:
-        mean, lo, hi, n = harness.paired(acc[b], acc[base])
+        mean, lo, hi, n = paired(acc[b], acc[base])
         ok = complete[b] and complete[base]
-        verdict = (harness.verdict_for_gain(lo, mean, hi, None if gain is None else gain / 100) if ok
+        verdict = (verdict_for_gain(lo, mean, hi, None if gain is None else gain / 100) if ok
                    else "pending")
         half = (hi - lo) / 2
         resolves = "–" if gain is None or half != half else ("yes" if 100 * half < gain else "no")
         if verdict in ("direction only", "not reproduced") and resolves == "no" and lo <= 0 <= hi:
             verdict += " (interval wider than the paper's effect)"
         paper = "a gain (no number in the text)" if gain is None else f"+{gain:g} pp"
-        ours = harness.fmt_ci(mean, lo, hi, unit=" pp")
+        ours = fmt_ci(mean, lo, hi, unit=" pp")
         width = "–" if half != half else f"{100 * half:.2f} pp"
         prow.append((cid, f"{_label(b)} - {_label(base)}", n, ours, width, resolves, paper, f"**{verdict}**"))
         if primary:
-            summaries.append(harness.Summary(f"{cid} {where} [{protocol}]", paper, f"{ours} ({n} seeds)", verdict))
-    lines.append(harness.markdown_table(("claim", "difference", "seeds", "ours (mean [95 % CI])", "half-width",
+            summaries.append(Summary(f"{cid} {where} [{protocol}]", paper, f"{ours} ({n} seeds)", verdict))
+    lines.append(markdown_table(("claim", "difference", "seeds", "ours (mean [95 % CI])", "half-width",
                                          "half-width < paper's effect", "paper", "verdict"), prow))
     lines.append("")
     return lines
@@ -305,7 +317,7 @@ def write_report(records: list[dict], out) -> list:
         "test could not have resolved the paper's gain.\n",
     ]
     summaries: list = []
-    fig, axes = harness.new_figure(ncols=2, width=5.0, height=3.6)
+    fig, axes = new_figure(ncols=2, width=5.0, height=3.6)
     for k, (protocol, (seeds, cells)) in enumerate(PROTOCOLS.items()):
         recs = [r for r in records if r["protocol"] == protocol]
         lines.append(f"## Results, protocol {protocol} ({len(seeds)} seeds)\n")
@@ -314,9 +326,9 @@ def write_report(records: list[dict], out) -> list:
             here = [cell for cell in cells if cell.setting == setting]
             srecs = [r for r in recs if r["setting"] == setting]
             lines += _setting_section(protocol, setting, here, seeds, srecs, summaries, setting == SETTING)
-        acc = {b: harness.by_seed(recs, final_acc, setting=SETTING, method=method_name(b)) for b in BETAS}
+        acc = {b: by_seed(recs, final_acc, setting=SETTING, method=method_name(b)) for b in BETAS}
         xs = [b for b in BETAS if acc[b]]
-        cis = [harness.mean_ci(list(acc[b].values())) for b in xs]
+        cis = [mean_ci(list(acc[b].values())) for b in xs]
         axes[0].errorbar([x + 0.01 * k for x in xs], [100 * m for m, _, _ in cis],
                          yerr=[[100 * (m - lo) if lo == lo else 0 for m, lo, _ in cis],
                                [100 * (hi - m) if hi == hi else 0 for m, _, hi in cis]], marker="o", capsize=3,
@@ -333,10 +345,10 @@ def write_report(records: list[dict], out) -> list:
                 ylabel="test accuracy %")
     if axes[1].lines:
         axes[1].legend(fontsize=7)
-    harness.save_figure(fig, out_dir / "accuracy.png")
+    save_figure(fig, out_dir / "accuracy.png")
     lines += [
         "![accuracy against beta, and per round](fedstale/accuracy.png)\n",
-        *harness.reproduce_section(records, (
+        *reproduce_section(records, (
             f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale --settings '{SETTING}'   # the CPU cells",
             "python scripts/reproduce.py report                                  # this page, from the records",
         )),
@@ -347,8 +359,8 @@ def write_report(records: list[dict], out) -> list:
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method,
+CANARY = Cell(CELLS[0].setting, CELLS[0].method,
                       {**CELLS[0].config, "rounds": 2, "eval_every": 2, "metric_window_rounds": 2})
 
-STUDY = harness.Study(name="fedstale", title="FedStale", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
+STUDY = _repo.study(name="fedstale", title="FedStale", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, run_seeds=run_seeds, canary=CANARY)

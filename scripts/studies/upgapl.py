@@ -25,12 +25,26 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import harness
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from studies import _power, _train
+from lightning_fedhet.experiments import (
+    Cell,
+    Summary,
+    by_seed,
+    compute_used,
+    fmt_ci,
+    markdown_table,
+    mean_ci,
+    new_figure,
+    paired,
+    provenance_table,
+    save_figure,
+    verdict_for_gain,
+)
+
+from . import _power, _repo, _train
 
 METHODS = ("UPGA-PL", "DMA-PL", "UDMA-PL", "FedAvg (lossless)")
 PAPER_GAIN = 0.12  # Fig. 4.1b: UPGA-PL over the state of the art (DMA-PL) on Synthetic LEAF, in accuracy
@@ -131,7 +145,7 @@ class _LearningRates(Callback):
         self.lrs.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
 
 
-def run_cell(cell: harness.Cell, seed: int) -> dict:
+def run_cell(cell: Cell, seed: int) -> dict:
     """Train one (setting, method) cell for one seed: test accuracy and loss curves, arrivals per round."""
     from lightning_fedhet import FedHetStrategy
     from lightning_fedhet.data import SyntheticLeafFederated
@@ -177,7 +191,7 @@ SETTINGS = {
     # The constant step size of the earlier page (0.05 for every rule, not tuned), kept as the contrast.
     "constant": ({"lr_schedule": "constant", "lr_decay_rounds": None}, {m: 0.05 for m in METHODS}),
 }
-CELLS_V1 = tuple(harness.Cell(setting, m, make_config(m, lrs[m], **over)) for setting, (over, lrs) in SETTINGS.items()
+CELLS_V1 = tuple(Cell(setting, m, make_config(m, lrs[m], **over)) for setting, (over, lrs) in SETTINGS.items()
                  for m in METHODS)
 
 #: The thesis's learning-rate grid (§4.4.1: "tuned via grid search" over these values, for every algorithm).
@@ -187,7 +201,7 @@ SETTINGS_V2 = {
     "thesis-grid": ({"lr_schedule": "constant", "lr_decay_rounds": None, "lr_grid": list(THESIS_GRID)},
                     {m: 0.1 for m in METHODS}),
 }
-CELLS = tuple(harness.Cell(setting, m, make_config(m, lrs[m], **over))
+CELLS = tuple(Cell(setting, m, make_config(m, lrs[m], **over))
               for setting, (over, lrs) in SETTINGS_V2.items() for m in METHODS)
 SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10))}
 
@@ -247,7 +261,7 @@ def _verdict_udmapl(mean_acc: float, osc_diff: tuple) -> str:
 
 
 def _plot(records: list[dict], settings: list[str], path: Path, title: str) -> None:
-    fig, axes = harness.new_figure(ncols=len(settings), width=5.2, height=3.8)
+    fig, axes = new_figure(ncols=len(settings), width=5.2, height=3.8)
     for ax, setting in zip(axes, settings):
         for method in METHODS:
             runs = [r for r in records if r["setting"] == setting and r["method"] == method]
@@ -255,7 +269,7 @@ def _plot(records: list[dict], settings: list[str], path: Path, title: str) -> N
                 continue
             rounds = np.asarray(runs[0]["metrics"]["round"])
             acc = 100 * np.asarray([r["metrics"]["val_acc"] for r in runs])
-            stats = [harness.mean_ci(acc[:, j]) for j in range(acc.shape[1])]
+            stats = [mean_ci(acc[:, j]) for j in range(acc.shape[1])]
             line, = ax.plot(rounds, [s[0] for s in stats], lw=1.3, label=f"{method} ({len(runs)})")
             if len(runs) > 1:
                 ax.fill_between(rounds, [s[1] for s in stats], [s[2] for s in stats], color=line.get_color(),
@@ -266,28 +280,28 @@ def _plot(records: list[dict], settings: list[str], path: Path, title: str) -> N
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=9)
-    harness.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int,
                      not_testable: dict[str, str] | None = None):
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
-    finals = {m: harness.by_seed(recs, final_acc, method=m) for m in methods}
-    osc = {m: harness.by_seed(recs, oscillation, method=m) for m in methods}
+    finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
+    osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
     complete = all(len(finals[m]) >= n_seeds for m in methods)
     rows = []
     for m in methods:
         runs = [r for r in recs if r["method"] == m]
         cfg = runs[0]["config"]
-        at = [harness.fmt_ci(*harness.mean_ci([acc_at(r, t) for r in runs])) for t in (50, 100, 150)]
+        at = [fmt_ci(*mean_ci([acc_at(r, t) for r in runs])) for t in (50, 100, 150)]
         n = len(finals[m])
-        rows.append((m, f"{cfg['lr']:g}", harness.fmt_ci(*harness.mean_ci(list(finals[m].values()))), *at,
-                     harness.fmt_ci(*harness.mean_ci(list(osc[m].values()))),
+        rows.append((m, f"{cfg['lr']:g}", fmt_ci(*mean_ci(list(finals[m].values()))), *at,
+                     fmt_ci(*mean_ci(list(osc[m].values()))),
                      f"{np.mean([np.mean(r['metrics']['received_per_round']) for r in runs]):.1f}",
                      sum(r["metrics"]["empty_rounds"][0] for r in runs),
                      f"{n}/{n_seeds}" + ("" if n >= n_seeds else " (incomplete)")))
     text = [f"#### Setting `{setting}`: {SETTING_TEXT.get(setting, setting)}\n",
-            harness.markdown_table(("rule", "eta_0", "final acc. % (last 10 % of rounds)", "acc. % @50", "@100",
+            markdown_table(("rule", "eta_0", "final acc. % (last 10 % of rounds)", "acc. % @50", "@100",
                                     "@150", "oscillation (pp, std of acc. over rounds 151-200)",
                                     "updates received / round", "empty rounds (all seeds)", "seeds"), rows)]
     diffs = {}
@@ -296,35 +310,35 @@ def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int
         for m in methods:
             if m == "UPGA-PL":
                 continue
-            mean, lo, hi, n = harness.paired(finals["UPGA-PL"], finals[m])
+            mean, lo, hi, n = paired(finals["UPGA-PL"], finals[m])
             diffs[m] = (mean, lo, hi, n)
             common = sorted(set(finals["UPGA-PL"]) & set(finals[m]))
             wins = sum(finals["UPGA-PL"][s] > finals[m][s] for s in common)
-            diff_rows.append((f"UPGA-PL − {m}", harness.fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
+            diff_rows.append((f"UPGA-PL − {m}", fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
         text += ["\nPaired differences of the final accuracy (same seeds):\n",
-                 harness.markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds UPGA-PL ahead"), diff_rows)]
+                 markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds UPGA-PL ahead"), diff_rows)]
     pending = None if complete else "pending"
     verdicts = {}
     if "DMA-PL" in diffs:
         mean, lo, hi, n = diffs["DMA-PL"]
-        verdicts["U1"] = (harness.fmt_ci(mean, lo, hi, unit=" pp") + f", {n} seeds",
-                          pending or harness.verdict_for_gain(lo, mean, hi, PAPER_GAIN))
+        verdicts["U1"] = (fmt_ci(mean, lo, hi, unit=" pp") + f", {n} seeds",
+                          pending or verdict_for_gain(lo, mean, hi, PAPER_GAIN))
     if "FedAvg (lossless)" in diffs:
         mean, lo, hi, n = diffs["FedAvg (lossless)"]
-        verdicts["U2"] = (harness.fmt_ci(mean, lo, hi, unit=" pp") + f" vs lossless, {n} seeds",
+        verdicts["U2"] = (fmt_ci(mean, lo, hi, unit=" pp") + f" vs lossless, {n} seeds",
                           pending or _verdict_near(lo, mean, hi))
     if "UDMA-PL" in finals and "UPGA-PL" in osc:
-        acc = harness.mean_ci(list(finals["UDMA-PL"].values()))
-        od = harness.paired(osc["UDMA-PL"], osc["UPGA-PL"])
-        verdicts["U3"] = (f"UDMA-PL {harness.fmt_ci(*acc)} %; oscillation − UPGA-PL's "
-                          + harness.fmt_ci(*od[:3], unit=" pp") + f", {od[3]} seeds",
+        acc = mean_ci(list(finals["UDMA-PL"].values()))
+        od = paired(osc["UDMA-PL"], osc["UPGA-PL"])
+        verdicts["U3"] = (f"UDMA-PL {fmt_ci(*acc)} %; oscillation − UPGA-PL's "
+                          + fmt_ci(*od[:3], unit=" pp") + f", {od[3]} seeds",
                           pending or _verdict_udmapl(acc[0], od))
     for claim, ruled_out in (not_testable or {}).items():
         if claim in verdicts:
             verdicts[claim] = (verdicts[claim][0], ruled_out)
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
-             harness.markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
+             markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
     return "\n".join(text), verdicts
 
 
@@ -332,7 +346,7 @@ def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
     """Protocol v2's power table from v1's `constant` records (constant step size, like v2) and the claims it rules
     out at v2's planned seeds: ``(rows, {claim: "not testable here (needs n seeds)"})``."""
     v1 = [r for r in records if r["protocol"] == "v1" and r["setting"] == "constant"]
-    finals = {m: harness.by_seed(v1, final_acc, method=m) for m in METHODS}
+    finals = {m: by_seed(v1, final_acc, method=m) for m in METHODS}
     planned = len(SEEDS_BY_PROTOCOL["v2"])
     rows, ruled_out = [], {}
     for claim, other, effect in (("U1", "DMA-PL", PAPER_GAIN), ("U2", "FedAvg (lossless)", NEAR_MARGIN)):
@@ -359,7 +373,7 @@ SETTING_V2_TEXT = (
     "records carry the sha256 of the training data.\n")
 
 
-def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
+def write_report(records: list[dict], out: Path) -> list[Summary]:
     """``out/upgapl.md`` and ``out/upgapl/*.png`` from the records (every protocol version)."""
     name = "upgapl"
     lines = [
@@ -368,13 +382,13 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
         f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md) and [v2]({name}/protocol-v2.md) "
         "(each committed before its runs; each lists the thesis's setting beside ours with every departure).\n",
         "## Claims (quoted in the protocols)\n",
-        harness.markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
+        markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis shows these as curves (10 seeds) and states the gaps in its text; it gives no table.\n",
         "## Settings\n",
         "Protocol v1: " + SETTING_V1_TEXT,
         "Protocol v2: " + SETTING_V2_TEXT,
     ]
-    summaries: list[harness.Summary] = []
+    summaries: list[Summary] = []
     rows, ruled_out = power_rows(records)
     settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2}
     for protocol in ("v2", "v1"):
@@ -386,10 +400,10 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
                       "t_{0.975,n-1} · SD / sqrt(n) is below the effect (U1: the thesis's +12 pp; U2: the 1 pp "
                       f"margin); a claim that needs more than the {len(seeds)} planned seeds is **not testable "
                       "here** (its estimate is still shown).\n",
-                      harness.markdown_table(_power.POWER_HEADER, rows), ""]
+                      markdown_table(_power.POWER_HEADER, rows), ""]
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
-            summaries += [harness.Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
+            summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
                                           if protocol == "v2" else "pending") for k, (c, p) in CLAIMS.items()]
             continue
         settings = [s for s in settings_of[protocol] if any(r["setting"] == s for r in recs)]
@@ -399,12 +413,12 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
             lines.append(text)
             for k, (ours, verdict) in verdicts.items():
                 label = "" if setting == PRIMARY[protocol] else f" [setting {setting}]"
-                summaries.append(harness.Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
+                summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
                                                  f"{ours} ({setting})", verdict))
         fig = f"{name}/accuracy-{protocol}.png"
         _plot(recs, settings, out / fig, f"UPGA-PL study, protocol {protocol}: test accuracy, mean and 95 % CI "
               "over seeds (n in legend)")
-        lines += [f"![test accuracy against rounds]({fig})\n", f"Compute: {harness.compute_used(recs)}.\n"]
+        lines += [f"![test accuracy against rounds]({fig})\n", f"Compute: {compute_used(recs)}.\n"]
     lines += [
         "## Not run\n",
         "- The image counterpart (Fig. 4.2; the thesis uses MNIST with two classes per client and a CNN): not run "
@@ -416,16 +430,16 @@ def write_report(records: list[dict], out: Path) -> list[harness.Summary]:
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
-        harness.provenance_table(records) if records else "No records.\n",
+        provenance_table(records) if records else "No records.\n",
     ]
     (out / f"{name}.md").write_text("\n".join(lines))
     return summaries
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = harness.Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
+CANARY = Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
 
-STUDY = harness.Study(
+STUDY = _repo.study(
     name="upgapl",
     title="UPGA-PL (thesis ch. 4)",
     protocol="v2",
