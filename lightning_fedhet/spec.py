@@ -26,14 +26,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_fedhet._checks import check_choice, check_int, check_real
+from lightning_fedhet._checks import check_int, check_real
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.algorithms.fedavg import FedAvg
 from lightning_fedhet.data.datamodule import FederatedDataModule, split_dataset
 from lightning_fedhet.data.streams import ClientStreams
-from lightning_fedhet.engines.base import Engine
-from lightning_fedhet.engines.sequential import SequentialEngine
-from lightning_fedhet.engines.vmap import VmapEngine
+from lightning_fedhet.engines.registry import AUTO, ENGINES, check_engine_name, check_engine_options
 from lightning_fedhet.federation import RoundPlanner, check_deadline
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.participation.full import Full
@@ -41,10 +39,8 @@ from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import Server, check_server_options
 from lightning_fedhet.system.steps import check_local_steps, local_steps_for
 
+# ENGINES: re-exported from lightning_fedhet.engines.registry, the engines' one registry (its earlier home was here)
 __all__ = ["FederationSpec", "ENGINES", "SpecSetting", "spec_from_arguments"]
-
-#: the one-process engines by name (``engine=``); ``"auto"`` picks one of them at setup
-ENGINES: dict[str, type[Engine]] = {engine.name: engine for engine in (SequentialEngine, VmapEngine)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,22 +100,17 @@ class FederationSpec:
             settle(self, "participation", Full())
         if self.num_clients is not None:
             settle(self, "num_clients", check_int(self.num_clients, "num_clients"))
-        if self.compile is None and self.engine != "auto":
+        if self.compile is None and self.engine != AUTO:
             settle(self, "compile", False)  # None lets engine='auto' decide; an explicit engine compiles only if asked
-        # the engine class checks its own compile argument ('auto' may pick vmap, so vmap's check applies)
-        engine_class = ENGINES["vmap" if self.engine == "auto" else self.engine]
-        engine_class(compile=False if self.compile is None else self.compile)
 
     def _check(self) -> None:
         """Each setting on its own, then the per-client ones against ``num_clients`` when it is known."""
-        check_choice(self.engine, "engine", (*ENGINES, "auto"))
+        check_engine_name(self.engine)
         if isinstance(self.max_update_norm, numbers.Real) and not isinstance(self.max_update_norm, bool):
             # an int beyond the float range is refused here, by name (the server's check would overflow converting it)
             check_real(self.max_update_norm, "max_update_norm", 0.0, math.inf, low_open=True, high_open=True)
         check_server_options(self.optimizer_state, self.client_weights, self.max_update_norm, self.update_norm_action)
-        engine = self.engine
-        if engine != "auto" and self.optimizer_state == "persist" and not ENGINES[engine].keeps_client_optimizer_state:
-            raise ValueError(f"optimizer_state='persist' is not supported by engine={engine!r}; use 'sequential'")
+        check_engine_options(self.engine, self.compile, self.optimizer_state)  # persist, and the engine's compile
         num_clients = None if self.num_clients is None else check_int(self.num_clients, "num_clients")
         check_local_steps(self.local_steps)
         if self.seed is not None:

@@ -27,13 +27,13 @@ from typing_extensions import override
 
 from lightning_fedhet._third_party import quiet_third_party_notices
 from lightning_fedhet.callbacks.round_metrics import RoundMetrics
-from lightning_fedhet.engines.auto import EngineChoice, choose_engine, trial_batch, vmap_trial
+from lightning_fedhet.engines.auto import EngineChoice, FitFacts
 from lightning_fedhet.engines.base import Engine, EngineBatch
-from lightning_fedhet.engines.sequential import SequentialEngine
+from lightning_fedhet.engines.registry import check_val_interval, choose
 from lightning_fedhet.federated_run import FederatedRun
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.server import Server
-from lightning_fedhet.spec import ENGINES, FederationSpec
+from lightning_fedhet.spec import FederationSpec
 
 quiet_third_party_notices()
 
@@ -58,13 +58,11 @@ class FederatedStrategyMixin(FederatedRun):
         self._plain_transfer = False  # set in setup(): no transfer hook is overridden
         self._epoch_steps = 0  # Lightning steps in the current epoch (round)
         self._warned_unreached_validation = False
-        #: what engine='auto' picked and why (None for an explicit engine, or before the fit's setup)
+        #: what engine='auto' picked and why (None for an explicit engine, or before the fit chose)
         self.engine_choice: EngineChoice | None = None
-        self._pending_choice: EngineChoice | None = None
-        # engine='auto' decides at setup; until then the sequential engine stands in
-        self._engine: Engine = (
-            SequentialEngine() if spec.engine == "auto" else ENGINES[spec.engine](compile=spec.compile)
-        )
+        # the fit's engine, chosen once its server exists (lightning_fedhet.engines.registry.choose); None before
+        self._engine: Engine | None = None
+        self._engine_options: dict[str, Any] = {}
         self._pending_state: dict | None = None
 
     def build_server(
@@ -98,16 +96,9 @@ class FederatedStrategyMixin(FederatedRun):
             )
         interval = _interval_inside_epoch(trainer)
         super().setup(trainer)
-        if self.engine == "auto":
-            self._choose_engine(trainer, interval)
-        if self._engine.one_step_per_round and interval is not None and interval > 1:
-            # an epoch is one step here: the interval would never be reached
-            raise ValueError(
-                f"Trainer(val_check_interval={interval}) counts steps inside an epoch, but with "
-                f"engine={self.engine!r} a round (an epoch) is one Lightning step, so validation would never run: "
-                f"add check_val_every_n_epoch=None to validate every {interval} rounds, or pass "
-                f"check_val_every_n_epoch={interval} instead"
-            )
+        check_val_interval(self.engine, interval)
+        if trainer.state.fn == TrainerFn.FITTING and self.engine_choice is not None:
+            self._engine = self.engine_choice = None  # a choice is a fit's: the next fit chooses again
         # Lightning dispatches the transfer hooks (about 40 us a batch on a CPU) even when nobody overrides them;
         # every local step pays it, so the default behaviour is run directly when neither the module nor the
         # datamodule overrides a hook.
@@ -126,51 +117,38 @@ class FederatedStrategyMixin(FederatedRun):
         if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
         if self.server is None or self._pending_state is not None:
+            self._engine, self._engine_options = None, self._engine_placement()
             self.server, self.flat = self.build_server(self.lightning_module, dataloader, trainer.datamodule)
             if self._pending_state is not None:
                 self.server.load_state_dict(self._pending_state)
                 self._pending_state = None
-        if self.engine == "auto" and self.engine_choice is None:
-            self._try_vmap()
+        if self._engine is None:
+            self._engine, choice = choose(
+                self.engine, self.compile, self._fit_facts(trainer), self.server, **self._engine_options
+            )
+            if choice is not None:  # engine='auto': said once, with its reason
+                self.engine_choice = choice
+                rank_zero_info(choice.describe())
         self.algorithm.check_client_solver(self.optimizers[0], self.optimizer_state_mode)
         self._engine.check_lr_schedulers([config.interval for config in self.lr_scheduler_configs])
         self._engine.setup(self.lightning_module, self.optimizers, self.server, self.flat, self.batch_to_device)
         return _RoundLoader(self._engine)
 
-    def _choose_engine(self, trainer: pl.Trainer, interval: int | None) -> None:
-        """``engine="auto"``, step 1 (:mod:`lightning_fedhet.engines.auto`): the static checks; a vmap choice is
-        confirmed by :meth:`_try_vmap` when the data is there."""
-        choice = choose_engine(
-            self.lightning_module,
-            self.optimizers,
-            [config.interval for config in self.lr_scheduler_configs],
-            sends_client_config=self.algorithm.sends_client_config,
-            optimizer_state=self.optimizer_state_mode,
-            val_interval_inside_epoch=interval,
+    def _engine_placement(self) -> dict[str, Any]:
+        """Where the fit's engine trains which client, decided before the server is built (one process: here)."""
+        return {}
+
+    def _fit_facts(self, trainer: pl.Trainer) -> FitFacts:
+        """What the engine choice reads of this fit."""
+        return FitFacts(
+            module=self.lightning_module,
+            optimizers=self.optimizers,
+            scheduler_intervals=[config.interval for config in self.lr_scheduler_configs],
+            val_interval_inside_epoch=_interval_inside_epoch(trainer),
             device=self.root_device,
             rounds=trainer.max_epochs,
-            compile=self.compile,
+            to_device=self.batch_to_device,
         )
-        self._engine = ENGINES[choice.name](compile=choice.compile)
-        self.engine_choice = None
-        self._pending_choice = choice
-        if choice.name == "sequential":
-            self._announce(choice)
-
-    def _try_vmap(self) -> None:
-        """``engine="auto"``, step 2: one vmapped gradient on real data, or the sequential engine with the cause."""
-        choice = self._pending_choice
-        if choice.name == "vmap":
-            batch = trial_batch(self.server.streams, self.server.planner.has_data)
-            cause = None if batch is None else vmap_trial(self.lightning_module, batch, self.batch_to_device)
-            if cause is not None:
-                choice = EngineChoice("sequential", False, cause)
-                self._engine = ENGINES["sequential"]()
-            self._announce(choice)
-
-    def _announce(self, choice: EngineChoice) -> None:
-        self.engine_choice = choice
-        rank_zero_info(choice.describe())
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
@@ -191,11 +169,13 @@ class FederatedStrategyMixin(FederatedRun):
 
     @override
     def on_validation_start(self) -> None:
-        self._engine.hold_global()
+        if self._engine is not None:
+            self._engine.hold_global()
 
     @override
     def on_validation_end(self) -> None:
-        self._engine.release_global()
+        if self._engine is not None:
+            self._engine.release_global()
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:

@@ -23,13 +23,12 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.distributed import PLACEMENTS, ProcessGroupComm
-from lightning_fedhet.engines.sharded import SHARDED_ENGINES, ShardedEngine
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.spec import FederationSpec, spec_from_arguments
 from lightning_fedhet.strategy_base import FederatedStrategyMixin
@@ -150,7 +149,6 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             )
         self.placement = placement
         self.comm = ProcessGroupComm()
-        self._engine: ShardedEngine = SHARDED_ENGINES[engine](self.comm, compile=self.compile)
         self._shared_seed: int | None = None
 
     # ------------------------------------------------------------------ public state
@@ -160,9 +158,10 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         return super().seed if self._shared_seed is None else self._shared_seed
 
     @property
-    def effective_placement(self) -> str:
-        """The placement in use (``placement``, or the one ``None`` resolved to at setup)."""
-        return self._engine.placement
+    def effective_placement(self) -> str | None:
+        """The placement in use (``placement``, or the one ``None`` resolved to when the fit started; ``None``
+        before)."""
+        return None if self._engine is None else self._engine.placement
 
     # ------------------------------------------------------------------ Lightning plumbing
     @override
@@ -183,13 +182,10 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             for tensor in itertools.chain(self.model.parameters(), self.model.buffers()):
                 dist.broadcast(tensor.data, src=0)
 
-    @override
-    def process_dataloader(self, dataloader: object) -> object:
-        trainer = self.lightning_module.trainer
-        fitting = trainer.state.fn == TrainerFn.FITTING and trainer.state.stage == RunningStage.TRAINING
-        if fitting and (self.server is None or self._pending_state is not None):
-            self._engine = SHARDED_ENGINES[self.engine](self.comm, self._placement(), compile=self.compile)
-        return super().process_dataloader(dataloader)
+    def _engine_placement(self) -> dict[str, Any]:
+        """This process's engine runs its part of every round; which clients is decided here, before the server is
+        built (the rule shards its per-client state by client id before it allocates it)."""
+        return {"comm": self.comm, "placement": self._placement()}
 
     def _placement(self) -> str:
         world = self.comm.world_size
@@ -228,7 +224,8 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         trainer = self.lightning_module.trainer
         if trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED:
             # another process may never reach the merge's collectives: leave the round unmerged
-            self._engine.abandon_round()
+            if self._engine is not None:
+                self._engine.abandon_round()
             return
         super().end_partial_round()
 

@@ -1,12 +1,14 @@
 """``engine="auto"``: the vmap engine (compiled where it pays) when the run passes its checks, else the sequential one.
 
-The choice is made once per fit, in two steps, and said once (``rank_zero_info``) with its reason:
+The choice is made once per fit, when the fit's server exists (:func:`decide`, which the strategy reaches through
+:func:`lightning_fedhet.engines.registry.choose`), in two steps, and the strategy says it once (``rank_zero_info``)
+with its reason:
 
-1. :func:`choose_engine` at the strategy's setup, from what is known then: the module, its optimizer and
-   learning-rate schedulers, the rule, ``optimizer_state``, an int ``val_check_interval`` counted inside each epoch,
-   the device and the number of rounds. Anything the vmap engine refuses at setup picks ``sequential``.
-2. :func:`vmap_trial` when the first round's data exists: one vmapped gradient of ``training_step`` on one client's
-   real mini-batch, on copies of the parameters and buffers (nothing of the run changes). If ``torch.func`` cannot
+1. :func:`choose_engine`, from what the fit knows (:class:`FitFacts`): the module, its optimizer and learning-rate
+   schedulers, the rule, ``optimizer_state``, an int ``val_check_interval`` counted inside each epoch, the device and
+   the number of rounds. Anything the vmap engine refuses at setup picks ``sequential``.
+2. :func:`vmap_trial` on the first round's data: one vmapped gradient of ``training_step`` on one client's real
+   mini-batch, on copies of the parameters and buffers (nothing of the run changes). If ``torch.func`` cannot
    transform the step (data-dependent Python control flow, ``backward`` inside ``training_step``, ...), ``sequential``.
 
 Whether vmap pays was measured (``docs/performance.md``): on a GPU a cohort in lock-step is always the fast path; on a
@@ -52,6 +54,46 @@ class EngineChoice:
     def describe(self) -> str:
         compiled = " with compile=" + repr(self.compile) if self.name == "vmap" and self.compile else ""
         return f"FedHetStrategy(engine='auto') trains with engine={self.name!r}{compiled}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class FitFacts:
+    """What the engine choice reads of a Lightning fit (the strategy gathers it once)."""
+
+    module: nn.Module
+    optimizers: Sequence[torch.optim.Optimizer]
+    #: each learning-rate scheduler's ``interval`` (``"step"`` or ``"epoch"``)
+    scheduler_intervals: Sequence[str]
+    #: ``Trainer(val_check_interval=N)`` when Lightning counts ``N`` steps inside each epoch, else ``None``
+    val_interval_inside_epoch: int | None
+    device: torch.device
+    #: ``Trainer(max_epochs=...)``: the fit's rounds (``None`` or negative: unbounded)
+    rounds: int | None
+    #: the strategy's batch transfer (the module's transfer hooks)
+    to_device: Callable[[Any], Any]
+
+
+def decide(fit: FitFacts, server: Any, compile: bool | str | None) -> EngineChoice:
+    """``engine="auto"`` for a fit whose ``server`` (:class:`~lightning_fedhet.server.Server`) is built: step 1 from
+    ``fit`` and the server's rule and ``optimizer_state``, then step 2 on the server's first client with data
+    (``compile=None`` lets step 1 decide whether to compile)."""
+    choice = choose_engine(
+        fit.module,
+        fit.optimizers,
+        fit.scheduler_intervals,
+        sends_client_config=server.algorithm.sends_client_config,
+        optimizer_state=server.optimizer_state,
+        val_interval_inside_epoch=fit.val_interval_inside_epoch,
+        device=fit.device,
+        rounds=fit.rounds,
+        compile=compile,
+    )
+    if choice.name == "vmap":
+        batch = trial_batch(server.streams, server.planner.has_data)
+        cause = None if batch is None else vmap_trial(fit.module, batch, fit.to_device)
+        if cause is not None:
+            choice = EngineChoice("sequential", False, cause)
+    return choice
 
 
 def choose_engine(

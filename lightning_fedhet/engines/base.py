@@ -60,8 +60,7 @@ class Engine:
     one_step_per_round = False
 
     def __init__(self, compile: bool | str = False) -> None:
-        if compile and not self.supports_compile:
-            raise ValueError(f"compile={compile!r} is not supported by engine={self.name!r}; use engine='vmap'")
+        self.check_compile(compile)
         self.compile = compile
         self.module: pl.LightningModule | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -74,6 +73,12 @@ class Engine:
         self._held_local: Tensor | None = None
         # (scale, [[lr of each param group] of each optimizer] before scaling) while a round runs with a scaled lr
         self._lr_scaled: tuple[float, list[list[float]]] | None = None
+
+    @classmethod
+    def check_compile(cls, compile: bool | str) -> None:
+        """Refuse a ``compile=`` this engine does not take (checked when a spec names the engine, before any work)."""
+        if compile and not cls.supports_compile:
+            raise ValueError(f"compile={compile!r} is not supported by engine={cls.name!r}; use engine='vmap'")
 
     # ------------------------------------------------------------------ setup
     def setup(

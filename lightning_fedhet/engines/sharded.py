@@ -255,4 +255,9 @@ class ShardedVmapEngine(ShardedEngine, VmapEngine):
         return 1 if bool(plan.trained.any()) else 0  # one Lightning step is the whole round
 
 
-SHARDED_ENGINES: dict[str, type[ShardedEngine]] = {"sequential": ShardedSequentialEngine, "vmap": ShardedVmapEngine}
+def sharded_engine(engine: type[Engine]) -> type[ShardedEngine]:
+    """The class that runs ``engine`` on one process's part of every round: the :class:`ShardedEngine` mixed with it."""
+    for sharded in ShardedEngine.__subclasses__():
+        if engine in sharded.__bases__:
+            return sharded
+    raise TypeError(f"engine={engine.name!r} has no form for several processes (no ShardedEngine subclass mixes it in)")

@@ -70,11 +70,15 @@ class VmapEngine(Engine):
     one_step_per_round = True
 
     def __init__(self, compile: bool | str = False) -> None:
-        compile_mode(compile)  # validate now, before any work
         super().__init__(compile)
         #: the open round's lock-step cohorts (``None`` between rounds)
         self.round: LockStepRound | None = None
         self._layout: StateLayout | None = None
+
+    @classmethod
+    def check_compile(cls, compile: bool | str) -> None:
+        compile_mode(compile)  # False, True or a torch.compile mode
+        super().check_compile(compile)
 
     @property
     def cohorts(self) -> list[VmapCohort]:
