@@ -110,9 +110,11 @@ from lightning_fedhet.algorithms.fedcis_weights import (
     FLOPS_SCHEDULES,
     FLOPS_WARMUP_RATE,
     LAMBDA_TILDE_STRATEGIES,
+    PROB_WEIGHTINGS,
     TABLE_D1,
     check_exit_weights,
     lambda_tilde_weights,
+    pair_weight_matrix,
 )
 from lightning_fedhet.cis import CISTopology
 
@@ -129,7 +131,6 @@ __all__ = [
     "FLOPS_WARMUP_RATE",
 ]
 
-PROB_WEIGHTINGS = ("inverse", "direct")
 AGGREGATION_BASES = ("literal", "root_local")
 
 
@@ -307,15 +308,7 @@ class FedCIS(Algorithm):
         """``[N, E]``: weight ``Lt_e |D_i| / |D_{e,p}| * (1/p_{i,e} or p_{i,e})`` (without ``server_lr``); 0 where
         ``p_{i,e} = 0``."""
         sizes = self._sizes()
-        lt = self._lambda_tilde_at(round, sizes)
-        holders = self.p_matrix > 0
-        d_e = (sizes[:, None] * holders).sum(0)
-        share = torch.where(d_e > 0, sizes[:, None] / d_e.clamp_min(1e-300), torch.zeros_like(self.p_matrix))
-        if self.prob_weighting == "inverse":
-            prob = torch.where(holders, 1.0 / self.p_matrix.clamp_min(1e-300), torch.zeros_like(self.p_matrix))
-        else:
-            prob = self.p_matrix
-        return lt[None, :] * share * prob * holders
+        return pair_weight_matrix(self._lambda_tilde_at(round, sizes), sizes, self.p_matrix, self.prob_weighting)
 
     # ------------------------------------------------------------------ round
     def setup(

@@ -1,5 +1,6 @@
-"""Fed-CIS's per-exit aggregation weights ``Lambda-tilde`` (``FedCIS(lambda_tilde=...)``, the table in
-:mod:`lightning_fedhet.algorithms.fedcis`): serving rate, equal, FLOPS-proportional and Balanced Adj, each summing to 1.
+"""Fed-CIS's aggregation weights: the per-exit ``Lambda-tilde`` (``FedCIS(lambda_tilde=...)``, the table in
+:mod:`lightning_fedhet.algorithms.fedcis`: serving rate, equal, FLOPS-proportional and Balanced Adj, each summing to
+1), and the per-(node, exit) pair weights built from it (:func:`pair_weight_matrix`).
 
 Decisions 6 and 7 of the rule (the thesis against the released code):
 
@@ -31,6 +32,7 @@ from lightning_fedhet.cis import CISTopology
 
 __all__ = [
     "lambda_tilde_weights",
+    "pair_weight_matrix",
     "check_exit_weights",
     "LAMBDA_TILDE_STRATEGIES",
     "FLOPS_SCHEDULES",
@@ -40,6 +42,8 @@ __all__ = [
 ]
 
 FLOPS_SCHEDULES = ("static", "warmup")
+#: ``FedCIS(prob_weighting=...)``: divide a pair's weight by ``p_{i,e}`` (the thesis) or multiply by it (the code)
+PROB_WEIGHTINGS = ("inverse", "direct")
 
 
 #: Step of the code's FLOPS-Prop warm-up: ``tau(t) = FLOPS_WARMUP_RATE * (t + 1)``.
@@ -131,3 +135,15 @@ def lambda_tilde_weights(
         f"lambda_tilde must be one of {LAMBDA_TILDE_STRATEGIES} or a tensor of {num_exits} weights, got {strategy!r}"
     )
 
+
+def pair_weight_matrix(lambda_tilde: Tensor, sizes: Tensor, p_matrix: Tensor, prob_weighting: str) -> Tensor:
+    """``[N, E]``: pair ``(i, e)``'s weight ``Lt_e |D_i| / |D_{e,p}| * (1/p_{i,e}`` for ``"inverse"``, ``p_{i,e}`` for
+    ``"direct"``), with ``|D_{e,p}| = sum_{i : p_{i,e} > 0} |D_i|``; 0 where ``p_{i,e} = 0``."""
+    holders = p_matrix > 0
+    d_e = (sizes[:, None] * holders).sum(0)
+    share = torch.where(d_e > 0, sizes[:, None] / d_e.clamp_min(1e-300), torch.zeros_like(p_matrix))
+    if prob_weighting == "inverse":
+        prob = torch.where(holders, 1.0 / p_matrix.clamp_min(1e-300), torch.zeros_like(p_matrix))
+    else:
+        prob = p_matrix
+    return lambda_tilde[None, :] * share * prob * holders
