@@ -34,11 +34,12 @@ import math
 
 from torch import Tensor
 
-from lightning_fedhet._checks import check_choice, check_real
+from lightning_fedhet._checks import check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
+from lightning_fedhet.algorithms.weighting import NORMALISED, check_weighting, raw_weight, weightings
 
-WEIGHTINGS = ("participating", "all", "samples", "known_p")
+WEIGHTINGS = weightings("participating", "all", "samples", "known_p")
 
 
 class FedAvg(Algorithm):
@@ -64,7 +65,7 @@ class FedAvg(Algorithm):
 
     def __init__(self, weighting: str = "participating", server_lr: float = 1.0) -> None:
         super().__init__()
-        check_choice(weighting, "weighting", WEIGHTINGS)
+        check_weighting(weighting, WEIGHTINGS)
         server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
         self.weighting = weighting
         self.server_lr = float(server_lr)
@@ -83,12 +84,8 @@ class FedAvg(Algorithm):
         self._sum = WeightedSum(self.params)
 
     def _raw_weight(self, client: int, info: ClientInfo) -> float:
-        if self.weighting == "samples":
-            return float(info.num_samples)
-        alpha = float(self.client_weights[client])
-        if self.weighting == "known_p":
-            return alpha / float(self._probs[client])
-        return alpha
+        prob = float(self._probs[client]) if self.weighting == "known_p" else None
+        return raw_weight(self.weighting, float(self.client_weights[client]), info.num_samples, prob)
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._sum, self._sum)
@@ -101,7 +98,7 @@ class FedAvg(Algorithm):
         if self._sum is None:
             raise RuntimeError("close_round() called without open_round()")
         scale = 1.0
-        if self.weighting in ("participating", "samples"):
+        if self.weighting in NORMALISED:
             total = self._sum.weight_sum
             scale = 1.0 / total if total > 0 else 0.0
         self.last_weights = self._sum.scaled_weights(scale)

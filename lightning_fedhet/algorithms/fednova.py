@@ -56,8 +56,9 @@ from torch import Tensor
 from lightning_fedhet._checks import check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
+from lightning_fedhet.algorithms.weighting import check_weighting, raw_weight, weightings
 
-NOVA_WEIGHTINGS = ("participating", "samples")
+NOVA_WEIGHTINGS = weightings("participating", "samples")
 NOVA_DIVISORS = ("arrived", "selected")
 
 
@@ -189,7 +190,7 @@ class FedNova(Algorithm):
     ) -> None:
         super().__init__()
         check_local_solver(momentum, prox_mu, local_lr)
-        check_choice(weighting, "weighting", NOVA_WEIGHTINGS)
+        check_weighting(weighting, NOVA_WEIGHTINGS)
         check_choice(divisor, "divisor", NOVA_DIVISORS)
         if divisor == "selected" and weighting != "participating":
             raise ValueError(
@@ -251,7 +252,7 @@ class FedNova(Algorithm):
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._sum, self._sum)
         a = self.norm(info.local_steps)
-        raw = float(info.num_samples) if self.weighting == "samples" else float(self.client_weights[client])
+        raw = raw_weight(self.weighting, float(self.client_weights[client]), info.num_samples)
         if self._selected_weight is not None:
             m = float(self._multiplicity[client])
             if not m > 0:

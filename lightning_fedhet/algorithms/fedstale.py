@@ -48,8 +48,9 @@ from lightning_fedhet._checks import check_choice, check_device, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares, ShardedRows
 from lightning_fedhet.algorithms.fedau import IntervalEstimator
+from lightning_fedhet.algorithms.weighting import NORMALISED, check_weighting, raw_weight, weightings
 
-STALE_WEIGHTINGS = ("participating", "known_p")
+STALE_WEIGHTINGS = weightings("participating", "known_p")
 EMPTY_ROUNDS = ("skip", "stale")
 
 
@@ -216,7 +217,7 @@ class FedStale(Algorithm):
     ) -> None:
         super().__init__()
         self.beta = check_real(beta, "beta", 0.0, 1.0)
-        check_choice(weighting, "weighting", STALE_WEIGHTINGS)
+        check_weighting(weighting, STALE_WEIGHTINGS)
         server_lr = check_real(server_lr, "server_lr", 0.0, math.inf, low_open=True, high_open=True)
         check_choice(empty_round, "empty_round", EMPTY_ROUNDS)
         self.weighting = weighting
@@ -298,15 +299,13 @@ class FedStale(Algorithm):
         # beta * sum_j alpha_j h_j with the memory *before* this round's replacements.
         self._stale = (self.beta * self.memory.total) if self.uses_memory else None
 
-    def _raw_weight(self, client: int) -> float:
-        alpha = float(self.client_weights[client])
-        if self.weighting == "known_p":
-            return alpha / float(self._probs[client])
-        return alpha
+    def _raw_weight(self, client: int, info: ClientInfo) -> float:
+        prob = float(self._probs[client]) if self.weighting == "known_p" else None
+        return raw_weight(self.weighting, float(self.client_weights[client]), info.num_samples, prob)
 
     def add(self, client: int, delta: Tensor, info: ClientInfo) -> None:
         self._check_update(client, delta, self._fresh, self._fresh)
-        raw = self._raw_weight(client)
+        raw = self._raw_weight(client, info)
         delta = delta.to(self._fresh.total)
         if self.uses_memory:
             old = self.memory.read(client, like=self._fresh.total)
@@ -326,7 +325,7 @@ class FedStale(Algorithm):
             self.memory.settle()  # H for the next round (this round's stale term was taken at open_round)
         scale = 1.0
         arrived = len(self._fresh) > 0
-        if self.weighting == "participating":
+        if self.weighting in NORMALISED:
             total = self._fresh.weight_sum
             scale = 1.0 / total if total > 0 else 0.0
         self.last_weights = self._fresh.scaled_weights(scale)
