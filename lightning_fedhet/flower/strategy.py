@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import Tensor, nn
 
 from lightning_fedhet.algorithms.base import Algorithm
+from lightning_fedhet.flower.aggregation import submit_replies
+from lightning_fedhet.flower.checkpoint import CHECKPOINT_FORMAT, CheckpointMixin  # noqa: F401 (its earlier home)
 from lightning_fedhet.flower.connected import ConnectedNodes
 from lightning_fedhet.flower.nodes import NodeMap
 from lightning_fedhet.flower.protocol import (
@@ -51,29 +52,17 @@ from lightning_fedhet.flower.protocol import (
     ModelCodec,
     weighted_metrics,  # re-exported: its earlier home
 )
-from lightning_fedhet.flower.replies import (
-    DUPLICATE,
-    FAILED,
-    NON_FINITE,
-    NOT_SENT_WORK,
-    UNKNOWN_NODE,
-    UPDATE_NORM,
-    RejectedReply,
-    ReplyCheck,
-    count_rejections,
-    round_group,
-)
+from lightning_fedhet.flower.replies import ReplyCheck, count_rejections, round_group
+from lightning_fedhet.flower.startup import first_optimizer, refuse_simulated_settings, wait_for_nodes
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.seeding import resolve_seed
 from lightning_fedhet.server import Server
 from lightning_fedhet.spec import FederationSpec, SpecSetting, spec_from_arguments
 
 log = logging.getLogger("flwr")  # Flower's logger: the messages appear with Flower's own
-#: the layout of FedHetFlowerStrategy.state_dict (a file of another layout is refused)
-CHECKPOINT_FORMAT = 1
 
 
-class FedHetFlowerStrategy(Strategy):
+class FedHetFlowerStrategy(CheckpointMixin, Strategy):
     """Run any synchronous lightning-fedhet rule (FedAvg, FedVARP, MIFA, FedStale, FedAU, ...) on Flower nodes.
 
     Start it like any Flower strategy from a ``ServerApp``'s main::
@@ -101,7 +90,10 @@ class FedHetFlowerStrategy(Strategy):
         seed: seed of every draw (participation, selection, local steps, the clients' mini-batch order).
         client_weights: ``alpha_i`` given to the rule: ``"uniform"`` (1/N) or ``"samples"`` (|D_i| / |D|, from the
             sample counts the nodes report at start-up).
-        max_update_norm, update_norm_action: the Server's robustness options (reject or clip large updates).
+        max_update_norm, update_norm_action: the Server's robustness options (reject or clip large updates). The
+            bound is on the L2 norm of the **float parameters'** update only: floating buffers are averaged by sample
+            share, and integer buffers (``num_batches_tracked``) must move by 0 or the client's local steps, else
+            the reply is rejected (``int-buffer``, see :mod:`~lightning_fedhet.flower.replies`).
         evaluate_clients: send every round's global model to every connected client for ``evaluate`` (the
             clients' ``val_data_fn``); default ``False``.
         spec: the settings above (``evaluate_clients`` excepted) as one :class:`~lightning_fedhet.spec.FederationSpec`
@@ -163,7 +155,7 @@ class FedHetFlowerStrategy(Strategy):
             update_norm_action=update_norm_action,
         )
         spec = spec_from_arguments(spec, FedHetFlowerStrategy.__init__, settings)
-        _refuse_simulated_settings(spec)
+        refuse_simulated_settings(spec)
         if spec.participation.needs_label_hist:
             raise ValueError(
                 f"participation={spec.participation!r} needs every client's label histogram, which a Flower server "
@@ -246,7 +238,7 @@ class FedHetFlowerStrategy(Strategy):
         Raises ``TimeoutError`` when fewer than ``num_clients`` nodes connect within ``timeout`` seconds, and
         ``ValueError`` when too few answer or their answers make no map (see :meth:`NodeMap.from_partitions`).
         """
-        node_ids = _wait_for_nodes(grid, self.num_clients, timeout)
+        node_ids = wait_for_nodes(grid, self.num_clients, timeout)
         queries = [
             Message(content=RecordDict({CONFIG: ConfigRecord({SEED: self.seed})}), message_type=QUERY, dst_node_id=n)
             for n in node_ids
@@ -290,7 +282,7 @@ class FedHetFlowerStrategy(Strategy):
             init_ints=ints,
             participation=self._availability,
         )
-        optimizer = _first_optimizer(self.module)
+        optimizer = first_optimizer(self.module)
         if optimizer is not None:
             self.algorithm.check_client_solver(optimizer, "reset")
         self.nodes, self.server = nodes, server
@@ -392,58 +384,14 @@ class FedHetFlowerStrategy(Strategy):
 
         Replies are untrusted (see :mod:`lightning_fedhet.flower.replies`): an error reply, a reply from a node that
         is no client or was not sent work, one for another round, several for one client, a model whose names,
-        dtypes, shapes or sizes are not the module's, a non-finite value, or (with ``update_norm_action="reject"``)
-        an update longer than ``max_update_norm`` is rejected, logged and counted under its reason in
+        dtypes, shapes or sizes are not the module's, an integer buffer moved by other than 0 or the client's local
+        steps, a non-finite value, or (with ``update_norm_action="reject"``) an update whose float parameters move by
+        more than ``max_update_norm`` is rejected, logged and counted under its reason in
         ``history[t]["replies_rejected"]``; nothing of it reaches the rule, and the round goes on without it.
         """
         server = self._require_server()
+        refused, losses = submit_replies(server, self.nodes, self._replies, self.codec, replies)
         plan = server.plan
-        if plan is None:
-            raise RuntimeError("aggregate_train without an open round: configure_train must come first")
-        refused: dict[str, list[int]] = {}
-
-        def refuse(node: int, reason: str, detail: str) -> None:
-            refused.setdefault(reason, []).append(int(node))
-            log.warning("round %d: rejected a reply from node %d (%s): %s", plan.round, node, reason, detail)
-
-        claims: dict[int, list[tuple[int, Message]]] = {}
-        for reply in replies:
-            node = int(reply.metadata.src_node_id)
-            client = self.nodes.client(node)
-            if reply.has_error():
-                refuse(node, FAILED, f"client {client}: {reply.error.reason}")
-            elif client is None:
-                refuse(node, UNKNOWN_NODE, "the node is no client of this run")
-            elif not bool(plan.trained[client]):
-                refuse(node, NOT_SENT_WORK, f"client {client} was not asked to train in round {plan.round}")
-            else:
-                try:
-                    self._replies.check_envelope(reply, plan.round)
-                except RejectedReply as err:
-                    refuse(node, err.reason, str(err))
-                    continue
-                claims.setdefault(client, []).append((node, reply))
-        losses = []
-        for client in sorted(claims):  # the simulation's order, so the float sums are the same
-            if len(claims[client]) > 1:  # which one is the node's is unknowable: none is taken
-                for node, _ in claims[client]:
-                    refuse(node, DUPLICATE, f"{len(claims[client])} replies for client {client}")
-                continue
-            node, reply = claims[client][0]
-            try:
-                state, loss = self._replies.state_dict(reply)
-            except RejectedReply as err:
-                refuse(node, err.reason, str(err))
-                continue
-            vector, ints = self.codec.from_state_dict(state)
-            delta = vector.to(server.global_vector) - server.global_vector
-            int_delta = ints - server.global_ints if server.global_ints.numel() else None
-            if server.submit(client, delta, loss, int_delta=int_delta):
-                losses.append(loss)
-            elif not bool(torch.isfinite(delta).all()):
-                refuse(node, NON_FINITE, "the update has a NaN or an infinity (rejected by the Server)")
-            else:
-                refuse(node, UPDATE_NORM, f"the update is longer than max_update_norm={self.max_update_norm}")
         new_vector = server.close_round()
         record = server.history[-1]
         record["replies_rejected"] = {reason: sorted(nodes) for reason, nodes in sorted(refused.items())}
@@ -467,73 +415,6 @@ class FedHetFlowerStrategy(Strategy):
         """Rejected train replies per reason over the whole run (every reason of
         :data:`~lightning_fedhet.flower.replies.REASONS`, 0 when none)."""
         return count_rejections(self.history)
-
-    # ------------------------------------------------------------------ server-side checkpoint
-    def state_dict(self) -> dict:
-        """Everything the run needs to carry on between rounds: the Server's state (global model, the rule's
-        memories, the history, the round counter) and a description of the run's configuration.
-
-        The participation, selection and local-step draws are pure functions of ``(seed, round)`` (the draw of
-        round ``t`` never depends on the draws before it), so the seed and the round counter are their whole
-        random state: a resumed run draws round ``t`` exactly as the uninterrupted one.
-        """
-        server = self._require_server()
-        return {"format": CHECKPOINT_FORMAT, "configuration": self._configuration(), "server": server.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` into the built Server; refuses a state of another configuration."""
-        server = self._require_server()
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            found = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(
-                f"not a FedHetFlowerStrategy checkpoint of format {CHECKPOINT_FORMAT} (found format {found!r})"
-            )
-        mine, theirs = self._configuration(), state["configuration"]
-        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        if differ:
-            lines = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {mine.get(k)!r}" for k in differ)
-            raise ValueError(f"the checkpoint is of another configuration ({lines}): start a new checkpoint_path "
-                             "or run with the checkpoint's settings")
-        server.load_state_dict(state["server"])
-
-    def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write :meth:`state_dict` to ``path`` (between rounds). The file is replaced atomically, so a server killed
-        while writing leaves the previous round's checkpoint whole."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        torch.save(self.state_dict(), partial)
-        os.replace(partial, path)
-
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Restore a :meth:`save_checkpoint` file into the built Server (tensors and plain containers only:
-        ``torch.load(weights_only=True)``, so a file cannot run code)."""
-        try:
-            state = torch.load(Path(path), map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated file, another format, or a pickle that weights_only refuses
-            raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err})") from err
-        self.load_state_dict(state)
-        log.info("FedHetFlowerStrategy: loaded %s (next round %d)", path, self.server.next_round)
-
-    def _configuration(self) -> dict[str, str]:
-        """What a checkpoint must agree on with the run that loads it (as strings)."""
-        spec = self.spec
-        return {
-            "algorithm": repr(spec.algorithm),
-            "num_clients": str(self.num_clients),
-            "participation": repr(spec.participation),
-            "local_steps": repr(spec.local_steps),
-            "selection": repr(spec.selection),
-            "seed": str(self.seed),
-            "client_weights": str(spec.client_weights),
-            "max_update_norm": repr(spec.max_update_norm),
-            "update_norm_action": str(spec.update_norm_action),
-            "model": ", ".join(
-                f"{name}:{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-                for name, t in self.module.state_dict().items()
-            ),
-            "client_sizes": repr(self._client_sizes),
-        }
 
     # ------------------------------------------------------------------ federated evaluation
     def configure_evaluate(
@@ -564,67 +445,3 @@ class FedHetFlowerStrategy(Strategy):
                  self.selection)
         log.info("\t└── Local steps: %r, seed %d, client weights %r", self.local_steps, self.seed,
                  self.client_weights)
-
-
-#: what a Flower run takes as it is (the nodes' links, their timing, their data and their own training), with the
-#: only value of each setting a spec for it may hold
-_SIMULATED_SETTINGS = {
-    "channel": None,
-    "latency": None,
-    "deadline": None,
-    "partitioner": None,
-    "engine": "sequential",
-    "compile": False,
-    "optimizer_state": "reset",
-}
-
-
-def _refuse_simulated_settings(spec: FederationSpec) -> None:
-    """Refuse a spec that sets what only a simulation has: the Flower run would silently not do it."""
-    if spec.num_clients is None:
-        raise ValueError("FedHetFlowerStrategy needs the spec's num_clients (the number of client nodes of the run)")
-    set_here = []
-    for name, only in _SIMULATED_SETTINGS.items():
-        value = getattr(spec, name)
-        if (value is not None) if only is None else (value != only):
-            set_here.append(f"{name}={value!r}")
-    if set_here:
-        raise ValueError(
-            f"FedHetFlowerStrategy cannot simulate {', '.join(set_here)}: on Flower the links, the timing, the data "
-            "and the clients' training are the nodes' own; leave these settings at their defaults"
-        )
-
-
-def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
-    """The connected node ids once at least ``num_clients`` are connected (``TimeoutError`` after ``timeout`` s)."""
-    deadline = time.monotonic() + timeout
-    while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"num_clients={num_clients} nodes were expected but {len(node_ids)} connected within {timeout} s"
-            )
-        log.info("waiting for nodes: %d of %d connected", len(node_ids), num_clients)
-        time.sleep(1.0)
-    return node_ids
-
-
-def _first_optimizer(module: nn.Module) -> torch.optim.Optimizer | None:
-    """The first optimizer of a LightningModule's ``configure_optimizers`` (for the rule's solver check), or
-    ``None`` when the module has none or returns a form this does not read."""
-    configure = getattr(module, "configure_optimizers", None)  # a LightningModule's; plain modules have none
-    if configure is None:
-        return None
-    try:
-        conf = configure()
-    except Exception as err:  # e.g. a schedule that reads self.trainer, which the server's module does not have
-        log.warning("the rule's client-solver check was skipped: configure_optimizers() failed here (%r)", err)
-        return None
-    if isinstance(conf, dict):
-        conf = conf.get("optimizer")
-    if isinstance(conf, (list, tuple)) and conf:
-        conf = conf[0]
-        if isinstance(conf, (list, tuple)) and conf:  # ([optimizers], [schedulers])
-            conf = conf[0]
-        if isinstance(conf, dict):
-            conf = conf.get("optimizer")
-    return conf if isinstance(conf, torch.optim.Optimizer) else None
