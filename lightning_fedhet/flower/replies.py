@@ -3,9 +3,10 @@
 Anyone who can reach the SuperLink with a registered node may answer anything, so :class:`ReplyCheck` reads a reply
 as data, never as the model's own ``state_dict``: it checks who sent it and for which round, then the record's keys,
 each array's declared dtype, shape and byte size (before decoding it, so a huge array is refused unread), then the
-decoded array against the declaration (so a lying header is refused too). A reply that fails is rejected with one of
-the reasons below, counted in the round's history (``history[t]["replies_rejected"]``: reason -> node ids) and
-logged; the round goes on with the others.
+decoded array against the declaration (so a lying header is refused too), then the integer buffers against the
+global ones (:meth:`ReplyCheck.check_integers`; ``max_update_norm`` bounds the float parameters only). A reply that
+fails is rejected with one of the reasons below, counted in the round's history (``history[t]["replies_rejected"]``:
+reason -> node ids) and logged; the round goes on with the others.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ MALFORMED = "malformed"  # records, keys, dtypes, shapes or metrics are not the 
 TOO_LARGE = "too-large"  # an array holds more bytes than the model's array of that name
 NON_FINITE = "non-finite"  # a NaN or an infinity in the weights or the training loss (rejected by the Server)
 UPDATE_NORM = "update-norm"  # ||w_i - w_t|| > max_update_norm with update_norm_action="reject" (by the Server)
-REASONS = (FAILED, UNKNOWN_NODE, NOT_SENT_WORK, WRONG_ROUND, DUPLICATE, MALFORMED, TOO_LARGE, NON_FINITE, UPDATE_NORM)
+INT_BUFFER = "int-buffer"  # an integer buffer (a step counter) moved by other than 0 or the round's local steps
+REASONS = (
+    FAILED, UNKNOWN_NODE, NOT_SENT_WORK, WRONG_ROUND, DUPLICATE, MALFORMED, TOO_LARGE, NON_FINITE, UPDATE_NORM,
+    INT_BUFFER,
+)
 
 #: bytes an array's serialised form may hold beyond its payload (NumPy's .npy header, 64 to a few hundred bytes)
 HEADER_SLACK = 4096
@@ -121,6 +126,28 @@ class ReplyCheck:
                 raise RejectedReply(MALFORMED, f"{name!r} decodes to {got}, not its declared {want.dtype} {want.shape}")
             state[name] = torch.from_numpy(np.array(value, copy=True))
         return state
+
+    @staticmethod
+    def check_integers(ints: Tensor, expected: Tensor, local_steps: int) -> None:
+        """Raise :class:`RejectedReply` (``int-buffer``) unless every integer buffer of the reply (int64 ``[m]``, the
+        flat form of e.g. BatchNorm's ``num_batches_tracked``) equals the global value ``expected`` or the global
+        value plus the client's ``local_steps`` this round.
+
+        ``max_update_norm`` bounds the float parameters only, so the integer buffers need a check of their own: the
+        only integer buffers of the library's models are step counters, which a client's round advances by one per
+        local step (a layer that runs) or leaves alone (a layer that does not); any other value (a counter sent back
+        by a million, or negative) would move the global counter, averaged with the others, and is refused.
+        """
+        if ints.shape != expected.shape:
+            raise RejectedReply(INT_BUFFER, f"{ints.numel()} integer buffer entries, expected {expected.numel()}")
+        change = ints.to(torch.int64) - expected.to(torch.int64)
+        bad = ~((change == 0) | (change == int(local_steps)))
+        if bool(bad.any()):
+            wrong = sorted({int(c) for c in change[bad].tolist()})[:5]
+            raise RejectedReply(
+                INT_BUFFER,
+                f"integer buffers changed by {wrong}, not by 0 or the round's {int(local_steps)} local steps",
+            )
 
     @staticmethod
     def _loss(metrics: MetricRecord | None) -> float:

@@ -31,6 +31,7 @@ SIZES = [3, 5, 2, 6]
 MASK = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=bool)
 STRANGER = 999  # a node that is no client of the run
 NORM_BOUND = 50.0
+STEPS = 2  # every client's local steps: an honest BatchNorm counter (num_batches_tracked) advances by this much
 
 
 class _Net(torch.nn.Module):
@@ -63,7 +64,7 @@ def _strategy(**kwargs) -> tuple[FedHetFlowerStrategy, dict[int, Message]]:
     """A strategy with round 0 open: its train messages by client id."""
     strategy = FedHetFlowerStrategy(
         _Net(), FedAvg(), num_clients=len(NODES), participation=Trace(MASK), seed=3, client_weights="samples",
-        max_update_norm=NORM_BOUND, **kwargs,
+        max_update_norm=NORM_BOUND, local_steps=STEPS, **kwargs,
     )
     strategy.build(NodeMap(NODES), SIZES, ArrayRecord(_Net().state_dict()))
     messages = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), _Grid())
@@ -76,7 +77,7 @@ def _trained_state(client: int) -> dict[str, torch.Tensor]:
     state["linear.weight"] = state["linear.weight"] + 0.1 * (client + 1)
     state["linear.bias"] = state["linear.bias"] - 0.05 * client
     state["norm.running_mean"] = state["norm.running_mean"] + 0.01 * client
-    state["norm.num_batches_tracked"] = state["norm.num_batches_tracked"] + 2
+    state["norm.num_batches_tracked"] = state["norm.num_batches_tracked"] + STEPS
     return state
 
 
@@ -150,6 +151,9 @@ KINDS = {
             "linear.bias", Array(dtype="float32", shape=(2,), stype="numpy.ndarray", data=b"not numpy")
         )),
     ),
+    "counter-jump": ("int-buffer", _with(lambda s: s.__setitem__("norm.num_batches_tracked", torch.tensor(10**12)))),
+    "counter-back": ("int-buffer", _with(lambda s: s.__setitem__("norm.num_batches_tracked", torch.tensor(-5)))),
+    "counter-off-by-one": ("int-buffer", _with(lambda s: s["norm.num_batches_tracked"].add_(1))),
     "nan-weight": ("non-finite", _with(lambda s: s["linear.weight"].__setitem__((0, 0), float("nan")))),
     "inf-buffer": ("non-finite", _with(lambda s: s["norm.running_var"].__setitem__(1, float("inf")))),
     "inf-loss": ("non-finite", lambda request, client: [_reply(request, _trained_state(client), loss=float("inf"))]),
@@ -247,6 +251,41 @@ def test_non_finite_and_too_long_updates_are_also_in_the_servers_rejected_ids():
     strategy, _ = _run({0: "nan-weight", 1: "too-long", 2: "good"}, [])
     assert strategy.history[-1]["rejected"].tolist() == [0, 1]
     assert strategy.history[-1]["replies_rejected"] == {"non-finite": [NODES[0]], "update-norm": [NODES[1]]}
+
+
+def test_integer_buffers_are_checked_not_bounded_by_the_norm():
+    """``max_update_norm`` bounds the float parameters only, so the integer buffers have a check of their own: a
+    counter that did not move (the layer did not run) or moved by the round's local steps is taken, and the global
+    counter becomes their sample-weighted mean; one that jumped is refused although the float update is tiny. Slip
+    caught: a forged num_batches_tracked (sent back by 10**12) reaching the global model, or an honest counter of a
+    layer that did not run refused."""
+    strategy, requests = _strategy()
+    still = _trained_state(0)
+    still["norm.num_batches_tracked"] = torch.tensor(0)  # client 0's BatchNorm did not run
+    jumped = _trained_state(1)
+    jumped["norm.num_batches_tracked"] = torch.tensor(10**12)
+    replies = [_reply(requests[0], still), _reply(requests[1], jumped), _reply(requests[2], _trained_state(2))]
+    strategy.aggregate_train(1, replies)
+    record = strategy.history[-1]
+    assert record["received"].tolist() == [0, 2]
+    assert record["replies_rejected"] == {"int-buffer": [NODES[1]]}
+    # sample-weighted mean of the changes 0 (client 0, 3 samples) and 2 (client 2, 2 samples), rounded: 1
+    assert strategy.server.global_ints.tolist() == [round((3 * 0 + 2 * STEPS) / 5)]
+
+
+def test_check_integers_by_hand():
+    from lightning_fedhet.flower.replies import RejectedReply, ReplyCheck
+
+    expected = torch.tensor([7, 0], dtype=torch.int64)
+    ReplyCheck.check_integers(torch.tensor([7, 0]), expected, 3)
+    ReplyCheck.check_integers(torch.tensor([10, 3]), expected, 3)
+    ReplyCheck.check_integers(torch.tensor([7, 3]), expected, 3)  # one layer ran, the other did not
+    for bad in ([9, 0], [6, 0], [10, 4], [7, 2**62]):
+        with pytest.raises(RejectedReply, match="integer buffers changed by") as err:
+            ReplyCheck.check_integers(torch.tensor(bad), expected, 3)
+        assert err.value.reason == "int-buffer"
+    with pytest.raises(RejectedReply, match="2 integer buffer entries, expected 1"):
+        ReplyCheck.check_integers(torch.tensor([1, 2]), torch.tensor([1]), 3)
 
 
 def _Net_vector() -> torch.Tensor:  # noqa: N802 - the initial global vector
