@@ -68,6 +68,35 @@ def save_figure(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def band(ax, x: Sequence[float], runs: Sequence[Sequence[float]], label: str, scale: float = 100.0,
+         level: float = 0.95, alpha: float = 0.15, **line) -> None:
+    """One method's curve on ``ax``: the mean over ``runs`` (one series per seed, each over ``x``) and, with two
+    or more seeds, its Student-t band at ``level`` in the line's colour; ``line``: ``ax.plot``'s keywords."""
+    import numpy as np
+
+    values = scale * np.asarray(runs, dtype=np.float64)
+    stats = [mean_ci(values[:, j], level) for j in range(values.shape[1])]
+    (drawn,) = ax.plot(x, [s[0] for s in stats], label=label, **line)
+    if len(runs) > 1:
+        ax.fill_between(x, [s[1] for s in stats], [s[2] for s in stats], color=drawn.get_color(), alpha=alpha, lw=0)
+
+
+def paired_differences(values: dict[str, dict[int, float]], method: str, others: Sequence[str],
+                       scale: float = 100.0, digits: int = 1, unit: str = " pp",
+                       level: float = 0.95) -> tuple[str, dict[str, tuple[float, float, float, int]]]:
+    """``method`` against each of ``others`` over the seeds both ran (``values[m]``: ``{seed: value}``): a Markdown
+    table (difference, mean [CI], seeds, how many seeds ``method`` is ahead) and ``{other: (mean, low, high, n)}``."""
+    diffs, rows = {}, []
+    for other in others:
+        mean, lo, hi, n = paired(values[method], values[other], level)
+        diffs[other] = (mean, lo, hi, n)
+        common = sorted(set(values[method]) & set(values[other]))
+        ahead = sum(values[method][s] > values[other][s] for s in common)
+        rows.append((f"{method} − {other}", fmt_ci(mean, lo, hi, scale, digits, unit), n, f"{ahead}/{n}"))
+    header = ("difference", f"mean [{level:.0%} CI]".replace("%", " %"), "seeds", f"seeds {method} ahead")
+    return markdown_table(header, rows), diffs
+
+
 def compute_used(records: Sequence[Record]) -> str:
     """``"12.3 CPU-min, 40 runs on cpu (2 cores, x86_64)"`` summed over records (wall time where CPU is missing)."""
     if not records:

@@ -55,6 +55,17 @@ def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int 
     return m if math.isnan(lo) else f"{m} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
 
 
+def fmt_mean_ci(values: Sequence[float], scale: float = 100.0, digits: int = 1, unit: str = "",
+                level: float = 0.95) -> str:
+    """:func:`fmt_ci` of :func:`mean_ci` over ``values``: a cell's ``"72.9 [70.1, 75.6]"`` in one call."""
+    return fmt_ci(*mean_ci(list(values), level), scale, digits, unit)
+
+
+def seeds_done(n: int, planned: int) -> str:
+    """``"7/10 (incomplete)"``, or ``"10/10"`` once a cell has all its planned seeds."""
+    return f"{n}/{planned}" + ("" if n >= planned else " (incomplete)")
+
+
 def verdict_for_gain(lo: float, mean: float, hi: float, paper_gain: float | None = None,
                      ratio: float = 0.5) -> str:
     """The decision rule for "method A beats method B by about the paper's gain", from a paired interval.

@@ -1,8 +1,9 @@
 """Power of a paired comparison over seeds, for the v2 protocols' power analyses and the pages that show them.
 
 The paired 95 % interval over ``n`` seeds has half-width ``t_{0.975, n-1} * sd / sqrt(n)``, where ``sd`` is the
-standard deviation (ddof 1) of the per-seed differences. :func:`seeds_needed` is the smallest ``n`` whose half-width
-is below ``effect``: fewer seeds cannot put the interval above 0 even when the true gain equals ``effect``.
+standard deviation (ddof 1) of the per-seed differences. :func:`seeds_needed` (the package's, with this page's
+conventions) is the smallest ``n`` whose half-width is below ``effect``: fewer seeds cannot put the interval above 0
+even when the true gain equals ``effect``.
 """
 
 from __future__ import annotations
@@ -12,27 +13,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lightning_fedhet.experiments import seeds_needed as experiments_seeds_needed
+
 MAX_SEEDS = 10_000
 
 
-def half_width(sd: float, n: int) -> float:
-    """Half-width of the 95 % Student-t interval of a mean over ``n`` values with standard deviation ``sd``."""
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
-
-
 def seeds_needed(sd: float, effect: float, max_seeds: int = MAX_SEEDS) -> int | None:
-    """Smallest ``n >= 2`` with ``t_{0.975, n-1} * sd / sqrt(n) < |effect|``; ``None`` when ``effect`` is 0, ``sd`` is
-    not finite, or more than ``max_seeds`` would be needed."""
+    """Smallest ``n >= 2`` with ``t_{0.975, n-1} * sd / sqrt(n) < |effect|``
+    (:func:`lightning_fedhet.experiments.seeds_needed`); ``None`` when ``effect`` is 0, ``sd`` is not finite, or more
+    than ``max_seeds`` would be needed."""
     if not math.isfinite(sd) or effect == 0:
         return None
-    if sd == 0:
-        return 2
-    for n in range(2, max_seeds + 1):
-        if half_width(sd, n) < abs(effect):
-            return n
-    return None
+    return experiments_seeds_needed(sd, abs(effect), max_seeds=max_seeds)
 
 
 def paired_sd(a: dict[int, float], b: dict[int, float]) -> tuple[float, int]:

@@ -29,15 +29,17 @@ import torch
 from lightning_fedhet.experiments import (
     Cell,
     Summary,
+    band,
     by_seed,
     compute_used,
     fmt_ci,
+    fmt_mean_ci,
     markdown_table,
-    mean_ci,
     new_figure,
-    paired,
+    paired_differences,
     provenance_table,
     save_figure,
+    seeds_done,
     verdict_for_gain,
 )
 
@@ -447,14 +449,8 @@ def _plot_curves(records: list[dict], settings: list[str], path: Path, title: st
             runs = [r for r in records if r["setting"] == setting and r["method"] == method]
             if not runs:
                 continue
-            rounds = np.asarray(runs[0]["metrics"]["round"])
-            acc = 100 * np.asarray([r["metrics"]["val_acc"] for r in runs])
-            stats = [mean_ci(acc[:, j]) for j in range(acc.shape[1])]
-            mean = np.asarray([s[0] for s in stats])
-            line, = ax.plot(rounds, mean, lw=1.3, label=f"{method} ({len(runs)})")
-            if len(runs) > 1:
-                ax.fill_between(rounds, [s[1] for s in stats], [s[2] for s in stats], color=line.get_color(),
-                                alpha=0.15, lw=0)
+            band(ax, runs[0]["metrics"]["round"], [r["metrics"]["val_acc"] for r in runs], f"{method} ({len(runs)})",
+                 lw=1.3)
         ax.set_title(f"{setting}", fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
@@ -481,26 +477,18 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         trained = np.mean([np.mean(r["metrics"]["trained_per_round"]) for r in runs])
         available = np.mean([np.mean(r["metrics"]["available_per_round"]) for r in runs])
         n = len(finals[m])
-        rows.append((m, f"{cfg['local_lr']:g} / {cfg['server_lr']:g}", fmt_ci(*mean_ci(
-            list(finals[m].values()))), fmt_ci(*mean_ci(list(last[m].values()))),
+        rows.append((m, f"{cfg['local_lr']:g} / {cfg['server_lr']:g}", fmt_mean_ci(
+            list(finals[m].values())), fmt_mean_ci(list(last[m].values())),
             f"{trained:.1f} of {available:.1f}", ", ".join(f"{x:.2f}" for x in share),
-            f"{n}/{n_seeds}" + ("" if n >= n_seeds else " (incomplete)")))
+            seeds_done(n, n_seeds)))
     text = [f"#### Setting `{setting}`: {SETTING_TEXT.get(setting, setting)}\n",
             markdown_table(("method", "lr local / server", "final acc. % (last 10 % of rounds)",
                                     "acc. % at T", "clients trained / available per round",
                                     "weight share more/corr, more/weak, less/corr, less/weak", "seeds"), rows)]
-    diffs, diff_rows = {}, []
+    diffs = {}
     if "CA-Fed" in methods:
-        for m in methods:
-            if m == "CA-Fed":
-                continue
-            mean, lo, hi, n = paired(finals["CA-Fed"], finals[m])
-            diffs[m] = (mean, lo, hi, n)
-            common = sorted(set(finals["CA-Fed"]) & set(finals[m]))
-            wins = sum(finals["CA-Fed"][s] > finals[m][s] for s in common)
-            diff_rows.append((f"CA-Fed − {m}", fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
-        text += ["\nPaired differences of the final accuracy (same seeds):\n",
-                 markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds CA-Fed ahead"), diff_rows)]
+        table, diffs = paired_differences(finals, "CA-Fed", [m for m in methods if m != "CA-Fed"])
+        text += ["\nPaired differences of the final accuracy (same seeds):\n", table]
     verdicts = {}
     pending = "pending" if not complete else None
 

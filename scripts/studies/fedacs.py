@@ -47,6 +47,7 @@ from lightning_fedhet.experiments import (
     paired,
     reproduce_section,
     save_figure,
+    seeds_done,
     verdict_for_gain,
 )
 from lightning_fedhet.system import LossyChannel, StepDistribution, UniformLoss
@@ -369,7 +370,7 @@ def _collapsed(r: dict) -> bool:
 
 def _cell_row(method: str, rs: list[dict], seeds: tuple[int, ...], protocol: str) -> tuple:
     """One row of a setting's table: the cell's seeds, accuracies, rounds and steps (v2 also its stability)."""
-    n = f"{len(rs)}/{len(seeds)}" + ("" if len(rs) >= len(seeds) else " (incomplete)")
+    n = seeds_done(len(rs), len(seeds))
     fa = mean_ci([final_acc(r) for r in rs])
     rt = mean_ci([rounds_to(r) for r in rs])
     st = mean_ci([steps_to(r) for r in rs])

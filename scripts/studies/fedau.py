@@ -35,6 +35,7 @@ from lightning_fedhet.experiments import (
     Summary,
     by_seed,
     fmt_ci,
+    fmt_mean_ci,
     markdown_table,
     mean_ci,
     new_figure,
@@ -403,7 +404,7 @@ def write_report(records: list[dict], out) -> list:
                 gamma, eta = (rs[0]["config"]["client_lr"], rs[0]["config"]["server_lr"]) if rs else LRS[m]
                 rounds = ", ".join(str(v) for v in sorted({r["config"]["rounds"] for r in rs})) or "–"
                 rows.append((m, n, rounds, f"{gamma:g} / {eta:g}",
-                             fmt_ci(*mean_ci(list(acc[m].values()))),
+                             fmt_mean_ci(list(acc[m].values())),
                              fmt_ci(*recv, scale=1.0), fmt_ci(*floor, digits=0, unit=" %")))
                 if protocol == PROTOCOL and rs:
                     # mean over the seeds evaluated at each round

@@ -42,12 +42,14 @@ from lightning_fedhet.experiments import (
     Summary,
     by_seed,
     fmt_ci,
+    fmt_mean_ci,
     markdown_table,
     mean_ci,
     new_figure,
     paired,
     reproduce_section,
     save_figure,
+    seeds_done,
     verdict_for_gain,
 )
 
@@ -223,10 +225,10 @@ def _v1_section(recs: list[dict], axes) -> tuple[list[str], list]:
     for k, setting in enumerate(SETTINGS):
         for j, method in enumerate(STRATEGIES):
             rs = [r for r in recs if r["setting"] == setting and r["method"] == method]
-            n = f"{len(rs)}/{len(SEEDS_V1)}" + ("" if len(rs) >= len(SEEDS_V1) else " (incomplete)")
+            n = seeds_done(len(rs), len(SEEDS_V1))
             lt = "(" + ", ".join(f"{v:.3f}" for v in rs[0]["config"]["lambda_tilde"]) + ")" if rs else "–"
             rows.append((setting, method, lt, n,
-                         *[fmt_ci(*mean_ci([last(r, key) for r in rs])) for key in KEYS]))
+                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
             for e, key in enumerate(KEYS):
                 vals = [100 * last(r, key) for r in rs]
                 if not vals:
@@ -283,10 +285,10 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
     for i, column in enumerate(COLUMNS):
         for method in STRATEGIES:
             rs = [r for r in recs if r["setting"] == column and r["method"] == method]
-            n = f"{len(rs)}/{len(SEEDS)}" + ("" if len(rs) >= len(SEEDS) else " (incomplete)")
+            n = seeds_done(len(rs), len(SEEDS))
             lt = "(" + ", ".join(f"{v:.3f}" for v in rs[0]["config"]["lambda_tilde"]) + ")" if rs else "–"
             rows.append((column, method, lt, n,
-                         *[fmt_ci(*mean_ci([last(r, key) for r in rs])) for key in KEYS]))
+                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
         sr = by_seed(recs, cis, setting=column, method="Serving Rate")
         ew = by_seed(recs, cis, setting=column, method="Equal Weight")
         mean, lo, hi, n = paired(sr, ew)

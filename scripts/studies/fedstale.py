@@ -30,6 +30,7 @@ from lightning_fedhet.experiments import (
     Summary,
     by_seed,
     fmt_ci,
+    fmt_mean_ci,
     markdown_table,
     mean_ci,
     new_figure,
@@ -243,7 +244,7 @@ def _beta_rows(recs: list[dict], setting: str, seeds: tuple, acc: dict, complete
         rs = [r for r in recs if r["setting"] == setting and r["method"] == method_name(b)]
         n = f"{len(rs)}/{len(seeds)}" + ("" if complete[b] else " (incomplete)")
         low = mean_ci([np.mean(r["metrics"]["received_low"]) for r in rs])
-        rows.append((_label(b), n, fmt_ci(*mean_ci(list(acc[b].values()))),
+        rows.append((_label(b), n, fmt_mean_ci(list(acc[b].values())),
                      fmt_ci(*low, scale=1.0, digits=2)))
     return rows
 

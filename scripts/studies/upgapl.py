@@ -32,15 +32,19 @@ from lightning.pytorch.callbacks import Callback
 from lightning_fedhet.experiments import (
     Cell,
     Summary,
+    band,
     by_seed,
     compute_used,
     fmt_ci,
+    fmt_mean_ci,
     markdown_table,
     mean_ci,
     new_figure,
     paired,
+    paired_differences,
     provenance_table,
     save_figure,
+    seeds_done,
     verdict_for_gain,
 )
 
@@ -267,13 +271,8 @@ def _plot(records: list[dict], settings: list[str], path: Path, title: str) -> N
             runs = [r for r in records if r["setting"] == setting and r["method"] == method]
             if not runs:
                 continue
-            rounds = np.asarray(runs[0]["metrics"]["round"])
-            acc = 100 * np.asarray([r["metrics"]["val_acc"] for r in runs])
-            stats = [mean_ci(acc[:, j]) for j in range(acc.shape[1])]
-            line, = ax.plot(rounds, [s[0] for s in stats], lw=1.3, label=f"{method} ({len(runs)})")
-            if len(runs) > 1:
-                ax.fill_between(rounds, [s[1] for s in stats], [s[2] for s in stats], color=line.get_color(),
-                                alpha=0.15, lw=0)
+            band(ax, runs[0]["metrics"]["round"], [r["metrics"]["val_acc"] for r in runs], f"{method} ({len(runs)})",
+                 lw=1.3)
         ax.set_title(setting, fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
@@ -293,30 +292,21 @@ def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int
     for m in methods:
         runs = [r for r in recs if r["method"] == m]
         cfg = runs[0]["config"]
-        at = [fmt_ci(*mean_ci([acc_at(r, t) for r in runs])) for t in (50, 100, 150)]
+        at = [fmt_mean_ci([acc_at(r, t) for r in runs]) for t in (50, 100, 150)]
         n = len(finals[m])
-        rows.append((m, f"{cfg['lr']:g}", fmt_ci(*mean_ci(list(finals[m].values()))), *at,
-                     fmt_ci(*mean_ci(list(osc[m].values()))),
+        rows.append((m, f"{cfg['lr']:g}", fmt_mean_ci(list(finals[m].values())), *at,
+                     fmt_mean_ci(list(osc[m].values())),
                      f"{np.mean([np.mean(r['metrics']['received_per_round']) for r in runs]):.1f}",
                      sum(r["metrics"]["empty_rounds"][0] for r in runs),
-                     f"{n}/{n_seeds}" + ("" if n >= n_seeds else " (incomplete)")))
+                     seeds_done(n, n_seeds)))
     text = [f"#### Setting `{setting}`: {SETTING_TEXT.get(setting, setting)}\n",
             markdown_table(("rule", "eta_0", "final acc. % (last 10 % of rounds)", "acc. % @50", "@100",
                                     "@150", "oscillation (pp, std of acc. over rounds 151-200)",
                                     "updates received / round", "empty rounds (all seeds)", "seeds"), rows)]
     diffs = {}
     if "UPGA-PL" in methods:
-        diff_rows = []
-        for m in methods:
-            if m == "UPGA-PL":
-                continue
-            mean, lo, hi, n = paired(finals["UPGA-PL"], finals[m])
-            diffs[m] = (mean, lo, hi, n)
-            common = sorted(set(finals["UPGA-PL"]) & set(finals[m]))
-            wins = sum(finals["UPGA-PL"][s] > finals[m][s] for s in common)
-            diff_rows.append((f"UPGA-PL − {m}", fmt_ci(mean, lo, hi, unit=" pp"), n, f"{wins}/{n}"))
-        text += ["\nPaired differences of the final accuracy (same seeds):\n",
-                 markdown_table(("difference", "mean [95 % CI]", "seeds", "seeds UPGA-PL ahead"), diff_rows)]
+        table, diffs = paired_differences(finals, "UPGA-PL", [m for m in methods if m != "UPGA-PL"])
+        text += ["\nPaired differences of the final accuracy (same seeds):\n", table]
     pending = None if complete else "pending"
     verdicts = {}
     if "DMA-PL" in diffs:

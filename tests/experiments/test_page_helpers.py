@@ -1,0 +1,32 @@
+"""The building blocks a study's own page shares with the generic one: a cell's interval in one call, the seeds a
+cell has, a method against the others paired over seeds, and a curve with its band."""
+
+import math
+
+from lightning_fedhet.experiments import band, fmt_mean_ci, mean_ci, new_figure, paired_differences, seeds_done
+
+
+def test_a_cells_interval_and_its_seeds():
+    assert fmt_mean_ci([0.50, 0.52, 0.54]) == "52.0 [47.0, 57.0]"
+    assert fmt_mean_ci([3.0], scale=1.0, digits=0, unit=" s") == "3 s"
+    assert (seeds_done(7, 10), seeds_done(10, 10), seeds_done(11, 10)) == ("7/10 (incomplete)", "10/10", "11/10")
+
+
+def test_paired_differences_table_counts_the_seeds_ahead_over_the_common_seeds():
+    values = {"A": {0: 0.6, 1: 0.5, 2: 0.7}, "B": {0: 0.5, 1: 0.55, 2: 0.6}, "C": {0: 0.4, 1: 0.45}}
+    table, diffs = paired_differences(values, "A", ["B", "C"])
+    assert table.splitlines()[0] == "| difference | mean [95 % CI] | seeds | seeds A ahead |"
+    # A - B: 0.1, -0.05, 0.1; mean 0.05, s = 0.0866, half-width t_{0.975,2} s / sqrt(3) = 0.215
+    assert "| A − B | 5.0 pp [-16.5, 26.5] | 3 | 2/3 |" in table
+    mean, lo, hi, n = diffs["C"]  # over the two seeds C ran
+    assert n == 2 and math.isclose(mean, 0.125) and "| A − C | 12.5 pp [-82.8, 107.8] | 2 | 2/2 |" in table
+
+
+def test_band_draws_the_mean_and_a_band_only_from_two_seeds():
+    fig, (ax,) = new_figure()
+    band(ax, [1, 2], [[0.5, 0.6], [0.7, 0.8]], "A (2)", lw=1.3)
+    band(ax, [1, 2], [[0.5, 0.6]], "B (1)")
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["A (2)", "B (1)"]
+    assert list(lines[0].get_ydata()) == [mean_ci([50.0, 70.0])[0], mean_ci([60.0, 80.0])[0]]
+    assert len(ax.collections) == 1  # one band: a single seed has no interval
