@@ -82,8 +82,9 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     # mutant of the latency models, which made this chunk take hours; the server and federation chunks run them
     "system": ([f"{PKG}/system/*"], ["tests/system"]),
     "engines": ([f"{PKG}/engines/base.py", f"{PKG}/engines/sequential.py", f"{PKG}/engines/sharded.py",
-                 f"{PKG}/engines/auto.py"],
-                [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", *IN_PROCESS_DDP]),
+                 f"{PKG}/engines/auto.py", f"{PKG}/engines/registry.py"],
+                [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", "tests/engines/test_registry.py",
+                 *IN_PROCESS_DDP]),
     # the vmap engine, its cohort and its lock-step scheduler (which also stacks many seeds): the slowest tests
     "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "lockstep", "layout", "_compile_policy")],
              [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py", "tests/engines/test_vmap_compile.py",
