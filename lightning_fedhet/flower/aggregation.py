@@ -8,7 +8,7 @@ reply is untrusted (see :mod:`lightning_fedhet.flower.replies` for the checks an
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from flwr.app import Message
@@ -36,8 +36,12 @@ def submit_replies(
     check: ReplyCheck,
     codec: ModelCodec,
     replies: Iterable[Message],
+    sent: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, list[int]], list[float]]:
     """Check every reply of the open round and submit the good ones' updates ``w_i - w_t`` to ``server``.
+
+    ``sent`` maps the message id of each train message to its node: an error reply the SuperLink makes for a node
+    that is gone (``NODE_UNAVAILABLE``) comes from the SuperLink, and is counted under the node its message went to.
 
     Returns ``(refused, losses)``: the node ids of the rejected replies per reason, and the training losses of the
     accepted ones. The updates go to the Server in client-id order (the simulation's, so the float sums are the
@@ -55,6 +59,8 @@ def submit_replies(
     claims: dict[int, list[tuple[int, Message]]] = {}
     for reply in replies:
         node = int(reply.metadata.src_node_id)
+        if reply.has_error() and sent:
+            node = int(sent.get(reply.metadata.reply_to_message_id, node))
         client = nodes.client(node)
         if reply.has_error():
             refuse(node, FAILED, f"client {client}: {reply.error.reason}")

@@ -36,7 +36,7 @@ from lightning_fedhet.flower.aggregation import submit_replies
 from lightning_fedhet.flower.checkpoint import CHECKPOINT_FORMAT, CheckpointMixin  # noqa: F401 (its earlier home)
 from lightning_fedhet.flower.connected import ConnectedNodes
 from lightning_fedhet.flower.nodes import NodeMap
-from lightning_fedhet.flower.protocol import (
+from lightning_fedhet.flower.protocol import (  # weighted_metrics: re-exported (its earlier home)
     ARRAYS,
     CLIENT_CONFIG,
     CLIENT_ID,
@@ -50,7 +50,7 @@ from lightning_fedhet.flower.protocol import (
     SEED,
     SERVER_ROUND,
     ModelCodec,
-    weighted_metrics,  # re-exported: its earlier home
+    weighted_metrics,
 )
 from lightning_fedhet.flower.replies import ReplyCheck, count_rejections, round_group
 from lightning_fedhet.flower.startup import first_optimizer, refuse_simulated_settings, wait_for_nodes
@@ -180,6 +180,7 @@ class FedHetFlowerStrategy(CheckpointMixin, Strategy):
         self._outsiders: set[int] = set()  # connected nodes that are no client (asked once, not asked again)
         self._query_timeout = 3600.0  # how long a newcomer's start-up query may take (start's timeout)
         self._availability = ConnectedNodes(spec.participation)
+        self._sent: list[Message] = []  # the open round's train messages
 
     # ------------------------------------------------------------------ public state
     @property
@@ -338,6 +339,7 @@ class FedHetFlowerStrategy(CheckpointMixin, Strategy):
                     group_id=round_group(plan.round),  # a reply carries it: one for another round is refused
                 )
             )
+        self._sent = messages
         return messages
 
     def _adopt_new_nodes(self, grid: Grid, connected: list[int]) -> None:
@@ -390,8 +392,9 @@ class FedHetFlowerStrategy(CheckpointMixin, Strategy):
         ``history[t]["replies_rejected"]``; nothing of it reaches the rule, and the round goes on without it.
         """
         server = self._require_server()
-        refused, losses = submit_replies(server, self.nodes, self._replies, self.codec, replies)
-        plan = server.plan
+        # the node of each pushed train message: the SuperLink's error for a node that is gone names the message only
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
+        refused, losses = submit_replies(server, self.nodes, self._replies, self.codec, replies, sent)
         new_vector = server.close_round()
         record = server.history[-1]
         record["replies_rejected"] = {reason: sorted(nodes) for reason, nodes in sorted(refused.items())}
@@ -399,7 +402,7 @@ class FedHetFlowerStrategy(CheckpointMixin, Strategy):
             self.save_checkpoint(self.checkpoint_path)
         metrics = MetricRecord(
             {
-                "round": plan.round,
+                "round": record["round"],
                 "available": len(record["available"]),
                 "selected": len(record["selected"]),
                 "received": len(record["received"]),

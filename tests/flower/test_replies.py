@@ -273,6 +273,21 @@ def test_integer_buffers_are_checked_not_bounded_by_the_norm():
     assert strategy.server.global_ints.tolist() == [round((3 * 0 + 2 * STEPS) / 5)]
 
 
+def test_the_superlinks_error_for_a_gone_node_counts_under_that_node():
+    """A SuperNode that dies mid-round never answers; the SuperLink answers its message with an error of its own
+    (``src_node_id`` the SuperLink's), naming the message only. It is counted under the node the message went to.
+    Slip caught: the loss recorded under the SuperLink's id (tests/flower/test_deployment.py saw ``failed: [1]``)."""
+    strategy, requests = _strategy()
+    for client, message in requests.items():
+        message.metadata.__dict__["_message_id"] = f"message-{client}"  # what Flower's grid sets when it pushes
+    gone = Message(Error(code=3, reason="Node Unavailable"), reply_to=requests[0])
+    gone.metadata.__dict__["_src_node_id"] = 1  # the SuperLink's answer
+    strategy.aggregate_train(1, [gone, _reply(requests[1], _trained_state(1)), _reply(requests[2], _trained_state(2))])
+    record = strategy.history[-1]
+    assert record["received"].tolist() == [1, 2]
+    assert record["replies_rejected"] == {"failed": [NODES[0]]}
+
+
 def test_check_integers_by_hand():
     from lightning_fedhet.flower.replies import RejectedReply, ReplyCheck
 
