@@ -1,9 +1,24 @@
-"""The ServerApp: FedHetFlowerStrategy runs the configured lightning-fedhet rule over the Flower nodes."""
+"""The ServerApp: FedHetFlowerStrategy runs the configured lightning-fedhet rule over the Flower nodes.
+
+Run-config keys read here besides the federation's (``pyproject.toml``, ``[tool.flwr.app.config]``):
+
+* ``checkpoint-path``: the server-side checkpoint, written after every round; a ServerApp started again with the
+  same run config (``flwr run`` once more) resumes from it after the last completed round. ``""``: none.
+* ``output-path``: where the final global model (``state_dict``), the history and the node map are written once
+  the run ends (``torch.save``; read with ``torch.load(path, weights_only=True)``). ``""``: not written.
+* ``round-timeout``: seconds a round waits for its replies (a node that has not answered by then counts as a lost
+  upload; also the wait for the nodes at start-up).
+
+Both paths are paths on the machine of the SuperLink (where the ServerApp runs); give absolute ones.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
+import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from lightning.pytorch import Trainer
@@ -18,12 +33,15 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    strategy = FedHetFlowerStrategy(make_module(cfg), num_clients=int(cfg["num-clients"]), **federation(cfg))
-    strategy.start(
+    checkpoint = str(cfg.get("checkpoint-path", "")) or None
+    strategy = FedHetFlowerStrategy(
+        make_module(cfg), num_clients=int(cfg["num-clients"]), checkpoint_path=checkpoint, **federation(cfg)
+    )
+    result = strategy.start(
         grid,
         initial_arrays=ArrayRecord(make_module(cfg).state_dict()),
         num_rounds=int(cfg["num-server-rounds"]),
-        timeout=600,
+        timeout=float(cfg.get("round-timeout", 600)),
         evaluate_fn=lambda server_round, arrays: evaluate(cfg, arrays),
     )
     for record in strategy.history:
@@ -31,6 +49,22 @@ def main(grid: Grid, context: Context) -> None:
             f"round {record['round']}: {len(record['received'])} of {len(record['available'])} available clients "
             f"arrived, weights {{{', '.join(f'{c}: {w:.3f}' for c, w in sorted(record['weights'].items()))}}}"
         )
+    if str(cfg.get("output-path", "")):
+        save_output(Path(str(cfg["output-path"])), result.arrays, strategy)
+
+
+def save_output(path: Path, arrays: ArrayRecord, strategy: FedHetFlowerStrategy) -> None:
+    """The final global model, the history and the node map, written atomically (a reader never sees half)."""
+    output = {
+        "state_dict": arrays.to_torch_state_dict(),
+        "history": strategy.history,
+        "node_ids": list(strategy.nodes.node_ids),
+        "rejected_replies": strategy.rejected_replies,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(output, partial)
+    os.replace(partial, path)
 
 
 def evaluate(cfg, arrays: ArrayRecord) -> MetricRecord:
