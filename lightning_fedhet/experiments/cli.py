@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             for study in studies:
                 if study.canary is not None:
                     found = rerun_canary(study, args.root)
-                    print(f"[{study.name}] canary re-run: {'bit for bit' if not found else 'DIFFERS'}", flush=True)
+                    print(f"[{study.name}] canary re-run: {'agrees' if not found else 'DIFFERS'}", flush=True)
                     drift += found
             if drift:
                 print("numbers drifted:\n- " + "\n- ".join(drift))

@@ -100,7 +100,8 @@ class Study:
         run_seeds: ``run_seeds(cell, seeds) -> [result, ...]``, several seeds in one stacked run (optional).
         report: ``report(records, out) -> [Summary, ...]``; default: the generic
             :class:`~lightning_fedhet.experiments.report.Report` (a ``Report`` is bound to the study: its name,
-            title, protocol and cell order).
+            title, protocol and cell order). A report with a parameter ``root`` is called with the results folder
+            the records come from too (to read other files kept there).
         title: a human name for pages (default: ``name``).
         protocol: the protocol version the runs are recorded under (``records/<name>/<protocol>/``).
         threads: torch's intra-op thread count for every run (records are bit for bit only at equal counts).
