@@ -58,13 +58,7 @@ LAYERS: list[set[str]] = [
 ]
 
 #: library files over :data:`MAX_LINES` lines, each with why it stays whole for now
-LONG_FILES: dict[str, str] = {
-    "lightning_fedhet/experiments/report.py": (
-        "472 lines since d078138 (the studies' page pieces moved in); it holds the page pieces, the generic Report "
-        "and generate/report/check. experiments/ was being edited by its own work while issue 35's split ran, so "
-        "its split by idea is that work's: remove this entry when it lands"
-    ),
-}
+LONG_FILES: dict[str, str] = {}
 MAX_LINES = 450
 
 

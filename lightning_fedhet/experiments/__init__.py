@@ -15,6 +15,16 @@ the strategy, a dict of methods, the settings, the seeds and the metric. The sta
 
 from lightning_fedhet.experiments.backends import Backend, InProcess, Outcome, Ray, Stacked, Task, execute
 from lightning_fedhet.experiments.federated import checksum, data_checksum, federated_study
+from lightning_fedhet.experiments.pages import (
+    band,
+    compute_used,
+    markdown_table,
+    new_figure,
+    paired_differences,
+    provenance_table,
+    reproduce_section,
+    save_figure,
+)
 from lightning_fedhet.experiments.records import (
     TIMING_KEYS,
     Record,
@@ -29,18 +39,10 @@ from lightning_fedhet.experiments.records import (
 from lightning_fedhet.experiments.report import (
     Claim,
     Report,
-    band,
     check,
-    compute_used,
     default_index,
     generate,
-    markdown_table,
-    new_figure,
-    paired_differences,
-    provenance_table,
     report,
-    reproduce_section,
-    save_figure,
 )
 from lightning_fedhet.experiments.runner import (
     RunReport,

@@ -1,5 +1,8 @@
 """Pages and figures generated from records only, and the check that the committed ones are what records give.
 
+The building blocks (tables, figures, bands, paired tables, provenance) are in
+:mod:`~lightning_fedhet.experiments.pages` and importable from here too.
+
 :class:`Report` is the generic page of a study: a table of cells (mean and 95 % interval over seeds of the final
 value of the study's metric), a table of paired differences against a baseline method, the metric's curves with
 95 % bands as a PNG, the verdicts of declared :class:`Claim` s, and how to reproduce it with its provenance. A study
@@ -21,10 +24,20 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from lightning_fedhet.experiments.pages import (  # noqa: F401  (re-exported: report.markdown_table, ...)
+    band,
+    compute_used,
+    final_value,
+    markdown_table,
+    new_figure,
+    paired_differences,
+    provenance_table,
+    reproduce_section,
+    save_figure,
+)
 from lightning_fedhet.experiments.records import Record, load_records
 from lightning_fedhet.experiments.stats import by_seed, direction, fmt_ci, mean_ci, paired, verdict_for_gain
 from lightning_fedhet.experiments.study import Study, Summary, resolve_root, set_default_report
@@ -34,99 +47,6 @@ HAND_WRITTEN = re.compile(r"(^records/)|(/protocol-[^/]+\.md$)")
 
 IndexEntry = tuple[Study, list[Summary], list[Record]]
 Index = Callable[[list[IndexEntry], Path], None]
-
-
-# ------------------------------------------------------------------------------------------------------ building blocks
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A Markdown table (ends with a newline)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
-    """A matplotlib figure and its row of axes, drawn with matplotlib's defaults (no user rc), so the PNG bytes
-    depend on the data only."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    matplotlib.rcdefaults()
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
-    return fig, axes[0]
-
-
-def save_figure(fig, path: Path) -> None:
-    """Write a PNG without time stamps or version metadata (same records -> same bytes) and close the figure."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
-
-
-def band(ax, x: Sequence[float], runs: Sequence[Sequence[float]], label: str, scale: float = 100.0,
-         level: float = 0.95, alpha: float = 0.15, **line) -> None:
-    """One method's curve on ``ax``: the mean over ``runs`` (one series per seed, each over ``x``) and, with two
-    or more seeds, its Student-t band at ``level`` in the line's colour; ``line``: ``ax.plot``'s keywords."""
-    import numpy as np
-
-    values = scale * np.asarray(runs, dtype=np.float64)
-    stats = [mean_ci(values[:, j], level) for j in range(values.shape[1])]
-    (drawn,) = ax.plot(x, [s[0] for s in stats], label=label, **line)
-    if len(runs) > 1:
-        ax.fill_between(x, [s[1] for s in stats], [s[2] for s in stats], color=drawn.get_color(), alpha=alpha, lw=0)
-
-
-def paired_differences(values: dict[str, dict[int, float]], method: str, others: Sequence[str],
-                       scale: float = 100.0, digits: int = 1, unit: str = " pp",
-                       level: float = 0.95) -> tuple[str, dict[str, tuple[float, float, float, int]]]:
-    """``method`` against each of ``others`` over the seeds both ran (``values[m]``: ``{seed: value}``): a Markdown
-    table (difference, mean [CI], seeds, how many seeds ``method`` is ahead) and ``{other: (mean, low, high, n)}``."""
-    diffs, rows = {}, []
-    for other in others:
-        mean, lo, hi, n = paired(values[method], values[other], level)
-        diffs[other] = (mean, lo, hi, n)
-        common = sorted(set(values[method]) & set(values[other]))
-        ahead = sum(values[method][s] > values[other][s] for s in common)
-        rows.append((f"{method} − {other}", fmt_ci(mean, lo, hi, scale, digits, unit), n, f"{ahead}/{n}"))
-    header = ("difference", f"mean [{level:.0%} CI]".replace("%", " %"), "seeds", f"seeds {method} ahead")
-    return markdown_table(header, rows), diffs
-
-
-def compute_used(records: Sequence[Record]) -> str:
-    """``"12.3 CPU-min, 40 runs on cpu (2 cores, x86_64)"`` summed over records (wall time where CPU is missing)."""
-    if not records:
-        return "–"
-    minutes = sum(r.get("cpu_s", r["wall_s"]) for r in records) / 60
-    devices = sorted({r["device"] for r in records})
-    return f"{minutes:.1f} CPU-min, {len(records)} runs on {'; '.join(devices)}"
-
-
-def provenance_table(records: Sequence[Record]) -> str:
-    """Commits, engines, devices, torch versions and run counts behind a page."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        groups.setdefault((r["protocol"], r["commit"] + ("+dirty" if r.get("dirty") else ""), r["engine"],
-                           r["device"], r["torch"]), []).append(r)
-    rows = [(*key, len(rs), f"{sum(r['wall_s'] for r in rs) / 60:.1f}") for key, rs in sorted(groups.items())]
-    return markdown_table(("protocol", "commit", "engine", "device", "torch", "runs", "wall min"), rows)
-
-
-def reproduce_section(records: Sequence[Record], commands: Sequence[str]) -> list[str]:
-    """The end of a study page, as Markdown lines: the shell ``commands`` that regenerate it, then the provenance
-    table and the compute the records took."""
-    return ["## Reproduce\n", "```bash", *commands, "```\n", "## Provenance\n", provenance_table(records),
-            f"\nCompute: {compute_used(records)}."]
-
-
-def final_value(record: Record, metric: str) -> float:
-    """The last value of ``record["metrics"][metric]`` (a series), or the value itself (a number)."""
-    value = record["metrics"][metric]
-    return float(value[-1] if isinstance(value, list) else value)
 
 
 # ---------------------------------------------------------------------------------------------------------- claims
