@@ -29,75 +29,71 @@ norm constraints-flower.txt | key | sort -u > "$VENV/.flower-names"
 } > "$MERGED.new"
 mv "$MERGED.new" "$MERGED"
 
-if ! "$VENV/bin/python" -c "import lightning_fedhet, flwr, ray, lightning" >/dev/null 2>&1 \
-   || ! cmp -s "$MERGED" "$VENV/.constraints-installed"; then
+READY='import lightning_fedhet, flwr, ray, lightning, torch, google.protobuf as pb
+print("flwr", flwr.__version__, "torch", torch.__version__, "lightning", lightning.__version__, "protobuf", pb.__version__)'
+if ! cmp -s "$MERGED" "$VENV/.constraints-installed" || ! VERSIONS="$("$VENV/bin/python" -c "$READY" 2>/dev/null)"; then
   echo "[flower] pip install -c $MERGED -e .[dev,flower]"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$MERGED" -e ".[dev,flower]" 2>&1 \
     | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c "import lightning_fedhet, flwr, ray, lightning"
+  VERSIONS="$("$VENV/bin/python" -c "$READY")"  # fails the script when an import still fails
   cp "$MERGED" "$VENV/.constraints-installed"
 fi
-echo "[flower] ready: $("$VENV/bin/python" -c 'import flwr, torch, lightning, google.protobuf as pb; print("flwr", flwr.__version__, "torch", torch.__version__, "lightning", lightning.__version__, "protobuf", pb.__version__)')"
+echo "[flower] ready: $VERSIONS"  # one interpreter start less than checking and printing apart
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" WANDB_MODE=offline
 # Nothing leaves the machine: Flower's telemetry and update check, Ray's usage statistics.
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
 
-# 1. The bridge's tests (Flower's simulation runtime included) and its doctests. FEDHET_REQUIRE_FLOWER=1 makes a
-#    missing flwr a failure; -rs lists every skip, and any skip fails the run.
-LOG="$VENV/pytest-flower.log"
-set +e
-FEDHET_REQUIRE_FLOWER=1 "$VENV/bin/python" -m pytest tests/flower --doctest-modules lightning_fedhet/flower \
-  -p no:cacheprovider -rs -q 2>&1 | tee "$LOG"
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -ne 0 ]; then
-  echo "[flower] tests failed (exit $status)"
-  exit "$status"
-fi
-if grep -qE "^SKIPPED|[0-9]+ skipped" "$LOG"; then
-  echo "[flower] some Flower tests were skipped: in this environment every one must run"
-  exit 1
-fi
-
-# 2. A real SuperLink on localhost with TLS and SuperNode authentication: a registered SuperNode comes online, one
-#    whose key is not registered is refused (docs/flower.md, "Deploying for real").
-echo "[flower] TLS and SuperNode authentication"
-PATH="$PWD/$VENV/bin:$PATH" timeout 300 bash scripts/flower_auth_check.sh
-
-# 3. The example app through Flower's own command (a local SuperLink in simulation mode, 4 nodes, 1 round).
-#    FLWR_HOME is a fresh folder, so the SuperLink that `flwr run` starts (and leaves running) is ours to stop.
-FLWR_HOME="$(mktemp -d)"
-export FLWR_HOME
-descendants() {  # the process ids below $1
-  local child
-  for child in $(pgrep -P "$1" || true); do echo "$child"; descendants "$child"; done
-}
-stop_superlink() {  # the SuperLink whose database is in our FLWR_HOME, and the processes it started
-  local link pids=""
-  for link in $(pgrep -f -- "--database $FLWR_HOME/" || true); do pids="$pids $link $(descendants "$link")"; done
-  if [ -n "${pids// /}" ]; then
-    kill $pids 2>/dev/null || true
-    for _ in $(seq 20); do  # until every one has exited (at most 10 s)
-      local alive=""
-      for pid in $pids; do if kill -0 "$pid" 2>/dev/null; then alive=1; fi; done
-      [ -z "$alive" ] && break
-      sleep 0.5
-    done
+run_tests() {  # run_tests LOG PYTEST-ARGS...: pytest in $VENV; fails on a failure or on any skip
+  local log="$1" status
+  shift
+  set +e
+  FEDHET_REQUIRE_FLOWER=1 "$VENV/bin/python" -m pytest "$@" -p no:cacheprovider -rs -q 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if [ "$status" -ne 0 ]; then
+    echo "[flower] tests failed (exit $status)"
+    exit "$status"
   fi
-  rm -rf "$FLWR_HOME"
+  if grep -qE "^SKIPPED|[0-9]+ skipped" "$log"; then
+    echo "[flower] some Flower tests were skipped: in this environment every one must run"
+    exit 1
+  fi
 }
-trap stop_superlink EXIT
-echo "[flower] flwr run examples/flower_app"
-set +e
-PATH="$PWD/$VENV/bin:$PATH" timeout 600 flwr run examples/flower_app --stream \
-  --federation-config "num-supernodes=4" \
-  --run-config "num-clients=4 num-server-rounds=1 samples-per-client=64 local-steps=2 eval-samples=500" \
-  2>&1 | tee "$VENV/flwr-run.log"
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -ne 0 ] || ! grep -q "^round 0: " "$VENV/flwr-run.log"; then
-  echo "[flower] the example app did not finish its round (exit $status)"
+SECONDS=0
+
+# 1. In the background, while the tests run (it mostly waits on its processes): a real SuperLink on localhost with
+#    TLS and SuperNode authentication, where a registered SuperNode comes online and one whose key is not
+#    registered is refused (docs/flower.md, "Deploying for real"). Its log is printed when it ends; the EXIT trap
+#    waits for it, so that it always stops its own processes before this script ends.
+AUTH_LOG="$VENV/auth-check.log"
+rm -f "$AUTH_LOG" "$AUTH_LOG.status"
+( set +e; PATH="$PWD/$VENV/bin:$PATH" timeout 300 bash scripts/flower_auth_check.sh > "$AUTH_LOG" 2>&1
+  echo $? > "$AUTH_LOG.status" ) &
+AUTH=$!
+trap 'wait "$AUTH" 2>/dev/null || true' EXIT
+
+# 2. The bridge's tests (Flower's simulation runtime included) and its doctests, with the deployment tests
+#    (FEDHET_FLOWER_DEPLOY=1, tests/flower/test_deployment.py): the example app on a SuperLink over TLS with
+#    certificates made for the test and two SuperNodes, `flwr run examples/flower_app` against it; a clean run
+#    equals the in-process simulation, a SuperNode killed mid-round is a lost upload and rejoins under a new node id
+#    as its client, a ServerApp killed between rounds resumes from its checkpoint to the uninterrupted model. Every
+#    process they start is killed by id when they end (tests/flower/deployment.py). FEDHET_REQUIRE_FLOWER=1 makes a
+#    missing flwr a failure; -rs lists every skip, and any skip fails the run.
+REPORT="$PWD/$VENV/deploy-report.txt"
+rm -f "$REPORT"
+echo "[flower] tests/flower (the deployment tests included: several minutes)"
+FEDHET_FLOWER_DEPLOY=1 FEDHET_DEPLOY_REPORT="$REPORT" run_tests "$VENV/pytest-flower.log" tests/flower \
+  --doctest-modules lightning_fedhet/flower
+echo "[flower] what the deployment tests measured:"
+cat "$REPORT"
+echo "[flower] tests: ${SECONDS} s"
+
+wait "$AUTH" || true
+echo "[flower] TLS and SuperNode authentication (scripts/flower_auth_check.sh):"
+cat "$AUTH_LOG"
+if [ "$(cat "$AUTH_LOG.status" 2>/dev/null)" != "0" ]; then
+  echo "[flower] the authentication check failed (exit $(cat "$AUTH_LOG.status" 2>/dev/null || echo '?'))"
   exit 1
 fi
-echo "[flower] ok"
+echo "[flower] ok (${SECONDS} s)"

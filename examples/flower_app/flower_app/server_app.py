@@ -42,7 +42,8 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=ArrayRecord(make_module(cfg).state_dict()),
         num_rounds=int(cfg["num-server-rounds"]),
         timeout=float(cfg.get("round-timeout", 600)),
-        evaluate_fn=lambda server_round, arrays: evaluate(cfg, arrays),
+        # eval-samples = 0: no server-side evaluation (the ServerApp then never loads the data set)
+        evaluate_fn=(lambda server_round, arrays: evaluate(cfg, arrays)) if int(cfg["eval-samples"]) > 0 else None,
     )
     for record in strategy.history:
         print(

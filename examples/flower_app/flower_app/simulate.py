@@ -33,7 +33,8 @@ def run(cfg: dict) -> tuple:
     """Train the federation of run config ``cfg`` in process; returns ``(module, strategy)``."""
     num_clients = int(cfg["num-clients"])
     train, parts = client_partitions(cfg, num_clients)
-    datamodule = FederatedDataModule(train, parts, batch_size=BATCH_SIZE, val_dataset=eval_dataset(cfg))
+    val_dataset = eval_dataset(cfg) if int(cfg["eval-samples"]) > 0 else None
+    datamodule = FederatedDataModule(train, parts, batch_size=BATCH_SIZE, val_dataset=val_dataset)
     strategy = FedHetStrategy(**federation(cfg))
     trainer = Trainer(
         strategy=strategy, max_epochs=int(cfg["num-server-rounds"]), logger=False, enable_checkpointing=False,
@@ -53,6 +54,8 @@ def main() -> None:
     model, strategy = run(cfg)
     if args.save:
         torch.save({"state_dict": model.state_dict(), "history": strategy.history}, args.save)
+    if int(cfg["eval-samples"]) <= 0:
+        return
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     metrics = trainer.validate(model, DataLoader(eval_dataset(cfg), batch_size=500), verbose=False)[0]
     print({name: round(float(v), 4) for name, v in metrics.items()})
