@@ -128,12 +128,41 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         )
         self._init_federation(spec_from_arguments(spec, FedHetStrategy.__init__, settings))
 
+    @override
+    def setup_environment(self) -> None:
+        """Refuse a device the Trainer's accelerator cannot use before any work: ``device`` defaults to ``"cpu"``
+        (as Lightning's ``SingleDeviceStrategy``), so on a GPU machine ``Trainer(accelerator="auto")`` would pick
+        CUDA and fail deep inside Lightning with "Device should be GPU, got cpu"."""
+        check_device_matches_accelerator(self.root_device, self.accelerator)
+        super().setup_environment()
+
     @classmethod
     @override
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="Federated simulation of heterogeneous clients (lightning-fedhet)"
         )
+
+
+def check_device_matches_accelerator(device: torch.device, accelerator: pl.accelerators.Accelerator | None) -> None:
+    """Raise a ``ValueError`` naming ``device`` and the two fixes when ``accelerator`` (the Trainer's) cannot run
+    on ``device``: a CPU device with a GPU accelerator, or a GPU device with the CPU accelerator."""
+    if accelerator is None:
+        return
+    on_cpu = isinstance(accelerator, pl.accelerators.CPUAccelerator)
+    if on_cpu == (device.type == "cpu"):
+        return
+    kind = type(accelerator).__name__
+    if device.type == "cpu":
+        raise ValueError(
+            f"FedHetStrategy(device='cpu') (the default) but the Trainer chose {kind}: pass "
+            "Trainer(accelerator='cpu') to simulate on the CPU, or FedHetStrategy(device='cuda:0') (the accelerator's "
+            "device) to train the clients there"
+        )
+    raise ValueError(
+        f"FedHetStrategy(device='{device}') but the Trainer chose {kind}: pass the matching "
+        f"Trainer(accelerator=...) or FedHetStrategy(device='cpu')"
+    )
 
 
 if "fedhet" not in StrategyRegistry:

@@ -50,6 +50,8 @@ def fit(model, datamodule, strategy, rounds: int, eval_every: int, names: tuple[
         strategy=strategy, max_epochs=int(rounds), check_val_every_n_epoch=int(eval_every), logger=False,
         callbacks=[curve, *callbacks], enable_progress_bar=False, enable_checkpointing=False,
         enable_model_summary=False, num_sanity_val_steps=0,
+        # the strategy's device decides (a CPU study on a GPU machine would otherwise get CUDA and be refused)
+        accelerator="cpu" if strategy.root_device.type == "cpu" else "auto",
     )
     trainer.fit(model, datamodule=datamodule)
     if not curve.curve or curve.curve[-1][0] != rounds:
@@ -63,7 +65,8 @@ def fit(model, datamodule, strategy, rounds: int, eval_every: int, names: tuple[
 def eval_trainer() -> Trainer:
     """A quiet ``Trainer`` for ``validate`` alone (no logger, progress bar or checkpoints)."""
     quiet()
-    return Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    return Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                   accelerator="cpu")  # the studies' models are on the CPU, whatever the machine has
 
 
 def series(curve: list[tuple[int, dict[str, float]]]) -> dict[str, list[float]]:
