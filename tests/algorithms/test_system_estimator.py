@@ -86,7 +86,7 @@ def test_state_dict_round_trip_gives_the_same_estimates_and_is_a_copy():
 
 @pytest.mark.parametrize("rate", [0.0, -0.1, 1.0001, math.nan])
 def test_a_rate_outside_0_1_is_refused_naming_the_parameter(rate):
-    with pytest.raises(ValueError, match=r"ema \(the estimator's rate\)"):
+    with pytest.raises(ValueError, match=r"^ema \(the estimator's rate\) must "):  # lie in (0, 1] / be finite
         SystemEstimator(rate=rate)
 
 

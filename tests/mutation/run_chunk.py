@@ -67,13 +67,13 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                 "tests/algorithms/test_cafedavg.py", "tests/algorithms/test_os_sampling.py",
                 "tests/algorithms/test_calibration.py", "tests/algorithms/test_sampler_state.py",
                 "tests/algorithms/test_fedacs_by_hand.py", "tests/algorithms/test_fedacs_calibration.py",
-                "tests/algorithms/test_system_estimator.py", SHARES,
+                "tests/algorithms/test_system_estimator.py", "tests/algorithms/test_fedacs_hparams.py", SHARES,
                 EXAMPLES]),
     # the client-lr calibration alone (App. I.2's factor, the EMA estimator, c-a-FedAvg): minutes, not the hour of
     # the whole fedacs chunk
     "fedacs-calibration": ([f"{ALG}/fedacs.py", f"{ALG}/_system_estimator.py", f"{ALG}/cafedavg.py"],
                            ["tests/algorithms/test_fedacs_calibration.py", "tests/algorithms/test_system_estimator.py",
-                            "tests/algorithms/test_fedacs.py",
+                            "tests/algorithms/test_fedacs_hparams.py", "tests/algorithms/test_fedacs.py",
                             "tests/algorithms/test_cafedavg.py", "tests/algorithms/test_fedacs_by_hand.py"]),
     "cafed": ([f"{ALG}/cafed.py", f"{ALG}/f3ast.py", f"{ALG}/_availability.py", f"{ALG}/availability_estimators.py"],
               ["tests/algorithms/test_cafed.py", "tests/algorithms/test_cafed_by_hand.py",
