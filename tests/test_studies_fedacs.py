@@ -49,3 +49,34 @@ def test_run_cell_two_rounds_on_a_tiny_stand_in(method):
     m = out["metrics"]
     assert m["round"] == [1, 2] and len(m["val_acc"]) == 2 and len(m["local_steps"]) == 2
     assert all(0.0 <= v <= 1.0 for v in m["val_acc"]) and all(r <= t for r, t in zip(m["received"], m["trained"]))
+
+
+def _v2_record(method, setting, seed, accs, losses, calibration):
+    return {"protocol": "v2", "method": method, "setting": setting, "seed": seed,
+            "metrics": {"val_acc": accs, "val_loss": losses, "calibration": calibration}}
+
+
+def test_acceptance_names_each_collapsed_run_and_counts_per_cell():
+    """Two v2 records by hand: FedACS (calibrated), dynamic, seed 4 ends at accuracies 0.10 x 4 and 0.14 (mean of the
+    last five 0.108 <= 0.15: collapsed; largest loss inf, largest multiplier 7.72 -> "7.7"); FedACS, dynamic, seed 4
+    ends at 0.6 (not collapsed). So 1 of 1 calibrated dynamic run collapsed, 0 of 1 uncalibrated, the other cells 0 of
+    0, and the criterion has failed although most planned runs are missing."""
+    recs = [_v2_record("FedACS (calibrated)", "dynamic", 4, [0.5, 0.1, 0.1, 0.1, 0.1, 0.14],
+                       [2.0, float("inf"), 3.0], [1.0, 7.72, 2.0]),
+            _v2_record("FedACS", "dynamic", 4, [0.6] * 6, [1.0, 1.2], [1.0, 1.0])]
+    page, index = fedacs.acceptance(recs)
+    assert page.startswith("**Protocol v2's acceptance criterion failed.**")
+    assert "FedACS, dynamic: 0 of 1; FedACS, static: 0 of 0; FedACS (calibrated), dynamic: 1 of 1" in page
+    assert "seed 4: final 10.8 %, largest val loss inf, largest multiplier 7.7" in page
+    assert index == ("protocol v2's acceptance criterion failed: FedACS (calibrated) collapsed in 1 of 1 dynamic runs "
+                     "(finals 10.8 %; largest val loss inf)")
+
+
+def test_acceptance_is_undecided_without_a_collapse_until_every_planned_run_exists():
+    """One uncollapsed record of the 40 planned (2 methods x 2 settings x 10 seeds): not decided, no index clause;
+    a largest loss of 3.54e32 prints as "3.5e32"."""
+    recs = [_v2_record("FedACS", "static", 0, [0.6] * 6, [1.0], [1.0])]
+    page, index = fedacs.acceptance(recs)
+    assert page.startswith("**Protocol v2's acceptance criterion is not decided yet (1 of 40 runs).**")
+    assert index == ""
+    assert fedacs._loss(3.54e32) == "3.5e32" and fedacs._loss(48.1) == "48"

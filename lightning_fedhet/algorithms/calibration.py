@@ -29,10 +29,17 @@ resulting multipliers (:func:`lr_scalings`) are
 - FedNova over the arrived clients: ``sum omega s`` (``<= 1``; 1 on lossless links).
 
 **Client or server learning rate.** In the paper ``eta`` is the one learning rate of Algorithm 1 (the local step
-*and* the scale of the update ``-eta Delta``), so the multiplier applies to it (``target="client"``). With a
-separate server step the same calibration to first order in ``eta`` is obtained by multiplying the server learning
-rate instead (``target="server"``), which keeps every client's local trajectory identical across methods; this is
-what ``FedACS(calibrate=True)`` / ``CAFedAvg(calibrate=True)`` do every round.
+*and* the scale of the update ``-eta Delta``), so the multiplier applies to it (``target="client"``). This is what
+``FedACS(calibrate=True)`` / ``CAFedAvg(calibrate=True)`` (``True`` = ``"client"``) do every round: every client's
+optimizer ``lr`` is multiplied by this round's factor for that round (the rule's ``client_lr_scale``, applied by
+the engines), and the server step is not scaled. ``calibrate="server"`` (``target="server"``) multiplies the server
+learning rate instead, which keeps every client's local trajectory identical across methods but agrees with the
+client reading only to first order in ``eta * ||a||_1``, i.e. while an update grows linearly with its local steps.
+Where updates saturate (many local steps, a large ``eta``) a server factor above 1 turns the average into an
+extrapolation past the clients' own models: in the FedACS Fashion-MNIST study factors of 2.4-10.5 put weights up to
+4 on single updates and 4 of 10 runs ended at chance. The client reading is not safe from large factors either:
+in the same study (protocol v2) factors up to 10.5 on the clients' ``lr`` collapsed 3 of 10 dynamic runs; the rules'
+``calibration_cap`` bounds the factor.
 
 **Per-round or expected.** The paper drops the round index "for ease of writing". Pass this round's ``s`` and ``a``
 to calibrate every round (used by the rules' ``calibrate=True``) or their expectations under the heterogeneity
