@@ -4,8 +4,10 @@ A study declares cells (a setting x a method, with a JSON-able configuration), s
 :func:`run_study` runs every missing (cell, seed) on a backend (in this process, seeds stacked with
 :func:`lightning_fedhet.multiseed.fit_seeds`, or Ray tasks on one machine or a cluster) and writes one JSON record
 each; :func:`report` turns the records into a page with mean and 95 % intervals per cell, paired differences and
-curves with bands; :func:`check` regenerates the page and compares it byte for byte. The console script
-``fedhet-study run | report | check STUDY`` does the same from a shell. See ``docs/experiments.md``.
+curves with bands; :func:`check` regenerates the page and compares it byte for byte. Claims are labelled by one
+rule, :func:`decide` (reproduced / opposite sign / not reproduced / inconclusive / pending; no verdict on a cell that
+is not converged or tuned at its grid's edge). The console script ``fedhet-study run | report | check STUDY`` does
+the same from a shell. See ``docs/experiments.md``.
 
 The common case is :func:`federated_study`: a ``build(cell, seed)`` function that returns the module, the data and
 the strategy, a dict of methods, the settings, the seeds and the metric. The statistics need scipy (the
@@ -14,6 +16,16 @@ the strategy, a dict of methods, the settings, the seeds and the metric. The sta
 """
 
 from lightning_fedhet.experiments.backends import Backend, InProcess, Outcome, Ray, Stacked, Task, execute
+from lightning_fedhet.experiments.decision import (
+    FINAL,
+    LABELS,
+    Decision,
+    decide,
+    decide_paired,
+    family_intervals,
+    power,
+    seeds_for_power,
+)
 from lightning_fedhet.experiments.federated import checksum, data_checksum, federated_study
 from lightning_fedhet.experiments.pages import (
     band,
@@ -104,6 +116,14 @@ __all__ = [
     "seeds_done",
     "direction",
     "verdict_for_gain",
+    "decide",
+    "decide_paired",
+    "Decision",
+    "LABELS",
+    "FINAL",
+    "family_intervals",
+    "power",
+    "seeds_for_power",
     "seeds_needed",
     "VERDICTS",
     "Report",

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lightning_fedhet.experiments.decision import ADJUSTMENTS, Decision, decide_paired, family_intervals
 from lightning_fedhet.experiments.pages import (  # noqa: F401  (re-exported: report.markdown_table, ...)
     band,
     compute_used,
@@ -39,7 +40,7 @@ from lightning_fedhet.experiments.pages import (  # noqa: F401  (re-exported: re
     save_figure,
 )
 from lightning_fedhet.experiments.records import Record, load_records
-from lightning_fedhet.experiments.stats import by_seed, direction, fmt_ci, mean_ci, paired, verdict_for_gain
+from lightning_fedhet.experiments.stats import by_seed, direction, fmt_ci, mean_ci, paired
 from lightning_fedhet.experiments.study import Study, Summary, resolve_root, set_default_report
 
 #: files under a results folder that are written by hand, never generated: the records and the protocols
@@ -52,13 +53,14 @@ Index = Callable[[list[IndexEntry], Path], None]
 # ---------------------------------------------------------------------------------------------------------- claims
 class Claim:
     """A claim to decide from the records: ``method`` beats ``baseline`` in ``setting`` (a higher metric), by
-    about ``paper_gain`` (in the metric's units) if given; decided by
-    :func:`~lightning_fedhet.experiments.stats.verdict_for_gain` on the paired interval."""
+    about ``paper_gain`` (> 0, in the metric's units) if given; decided by
+    :func:`~lightning_fedhet.experiments.decision.decide` on the paired interval (the report's ``adjust`` says
+    whether the raw or the family-adjusted one)."""
 
     def __init__(self, text: str, setting: str, method: str, baseline: str, paper: str = "",
-                 paper_gain: float | None = None, ratio: float = 0.5) -> None:
+                 paper_gain: float | None = None) -> None:
         self.text, self.setting, self.method, self.baseline = text, setting, method, baseline
-        self.paper, self.paper_gain, self.ratio = paper, paper_gain, ratio
+        self.paper, self.paper_gain = paper, paper_gain
 
 
 # ---------------------------------------------------------------------------------------------------------- Report
@@ -77,6 +79,8 @@ class Report:
         curves: draw the metric's curves over rounds (where the records hold series with a ``round`` series).
         higher_is_better: whether a larger value is better (sets the word in the paired table).
         commands: the shell lines of the page's "Reproduce" section.
+        adjust: the interval that decides the claims: ``"holm"`` (default), ``"bonferroni"`` over the page's
+            claims (one family), or ``"none"`` (the raw one); the page shows the raw interval beside it.
 
     A study binds its report (:meth:`bind`): the page's name, title, protocol and cell order come from it.
     Extend a page by overriding :meth:`sections` (and calling it), e.g. to add a table after the cells.
@@ -86,14 +90,18 @@ class Report:
                  value: Callable[[Record], float] | None = None, claims: Sequence[Claim] = (),
                  label: str | None = None, scale: float = 100.0, digits: int = 1, unit: str = "",
                  curves: bool = True, higher_is_better: bool = True, level: float = 0.95,
-                 commands: Sequence[str] | None = None) -> None:
+                 commands: Sequence[str] | None = None, adjust: str = "holm") -> None:
         self.metric, self.baseline, self._value = metric, baseline, value
+        if adjust not in ADJUSTMENTS:
+            raise ValueError(f"adjust must be one of {ADJUSTMENTS}, got {adjust!r}")
+        self.adjust = adjust
         self.claims, self.label, self.scale, self.digits, self.unit = tuple(claims), label, scale, digits, unit
         self.curves, self.higher_is_better, self.level = curves, higher_is_better, level
         self.commands = commands
         self.name, self.title, self.protocol = "study", "Study", None
         self.settings: list[str] = []
         self.methods: list[str] = []
+        self.planned = 1
 
     # -------------------------------------------------------------------------------------------------- binding
     def bind(self, study: Study) -> Report:
@@ -101,6 +109,7 @@ class Report:
         bound = copy.copy(self)
         bound.name, bound.title, bound.protocol = study.name, study.title, study.protocol
         bound.settings, bound.methods = study.settings, study.methods
+        bound.planned = max(len(study.seeds), 1)
         return bound
 
     def __call__(self, records: list[Record], out: Path) -> list[Summary]:
@@ -224,22 +233,29 @@ class Report:
         return True
 
     # ---------------------------------------------------------------------------------------------------- claims
-    def claim_rows(self, records: Sequence[Record]) -> list[tuple[Claim, tuple[float, float, float, int], str]]:
-        """Each claim with its paired interval ``(mean, low, high, seeds)`` and verdict."""
-        out = []
+    def claim_rows(self, records: Sequence[Record]) -> list[tuple[Claim, tuple[float, float, float, int], Decision]]:
+        """Each claim with its raw paired interval ``(mean, low, high, seeds)`` and its
+        :class:`~lightning_fedhet.experiments.decision.Decision` (on the ``adjust`` interval; pending until every
+        planned seed of both methods is in)."""
+        pairs = []
         for claim in self.claims:
             mine = by_seed(records, self.value, setting=claim.setting, method=claim.method)
             base = by_seed(records, self.value, setting=claim.setting, method=claim.baseline)
-            result = paired(mine, base, self.level)
-            verdict = verdict_for_gain(result[1], result[0], result[2], claim.paper_gain, claim.ratio)
-            out.append((claim, result, verdict))
+            pairs.append((mine, base))
+        diffs = {i: [a[s] - b[s] for s in sorted(set(a) & set(b))] for i, (a, b) in enumerate(pairs)}
+        adjusted = family_intervals(diffs, self.level, self.adjust)
+        out = []
+        for i, (claim, (mine, base)) in enumerate(zip(self.claims, pairs)):
+            decision = decide_paired(mine, base, claim.paper_gain, self.planned, level=self.level,
+                                     interval=adjusted[i][1:])
+            out.append((claim, paired(mine, base, self.level), decision))
         return out
 
     def summaries(self, records: Sequence[Record]) -> list[Summary]:
         """The index rows: one per claim, on the current protocol's records."""
         current = [r for r in records if r["protocol"] == self.protocol] if self.protocol else list(records)
-        return [Summary(claim.text, claim.paper, f"{self.fmt(m, lo, hi)} ({n} seeds)", verdict)
-                for claim, (m, lo, hi, n), verdict in self.claim_rows(current)]
+        return [Summary(claim.text, claim.paper, f"{self.fmt(m, lo, hi)} ({n} seeds)", d.text())
+                for claim, (m, lo, hi, n), d in self.claim_rows(current)]
 
     # ---------------------------------------------------------------------------------------------------- page
     def reproduce_commands(self) -> list[str]:
@@ -270,11 +286,16 @@ class Report:
                 blocks += [f"## Curves (protocol {protocol})\n",
                            f"![{metric} over rounds, mean and {self.level:.0%} band over seeds]({figure})\n"]
         if self.claims:
-            rows = [(c.text, c.paper or "–", f"{self.fmt(m, lo, hi)} ({n} seeds)", f"**{v}**")
-                    for c, (m, lo, hi, n), v in self.claim_rows(
+            rows = [(c.text, c.paper or "–", f"{self.fmt(m, lo, hi)} ({n} seeds)", self.fmt(d.mean, d.lo, d.hi),
+                     f"**{d.text()}**")
+                    for c, (m, lo, hi, n), d in self.claim_rows(
                         [r for r in records if r["protocol"] == self.protocol] or records)]
-            blocks += ["## Claims\n", markdown_table(("claim", "paper", "ours (paired, mean [95 % CI])", "verdict"),
-                                                     rows)]
+            adjusted = {"none": "the same (no family adjustment)", "holm": "Holm-adjusted over this page's claims",
+                        "bonferroni": "Bonferroni-adjusted over this page's claims"}[self.adjust]
+            blocks += ["## Claims\n", f"Decided by the rule of `lightning_fedhet.experiments.decide` on the interval "
+                       f"{adjusted}.\n",
+                       markdown_table(("claim", "paper", "ours (paired, mean [95 % CI])", "deciding interval",
+                                       "verdict"), rows)]
         blocks += reproduce_section(records, self.reproduce_commands())
         return blocks
 

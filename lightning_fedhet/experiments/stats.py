@@ -14,7 +14,8 @@ import numpy as np
 
 from lightning_fedhet.experiments.records import Record
 
-#: the verdicts a reproduction may reach, strongest first
+#: the verdicts of the v1/v2 protocols' registered rule (:func:`verdict_for_gain`), strongest first; studies decide
+#: with :func:`lightning_fedhet.experiments.decision.decide` since v3
 VERDICTS = ("reproduced", "partly reproduced", "direction only", "not reproduced", "not testable here")
 
 
@@ -68,7 +69,8 @@ def seeds_done(n: int, planned: int) -> str:
 
 def verdict_for_gain(lo: float, mean: float, hi: float, paper_gain: float | None = None,
                      ratio: float = 0.5) -> str:
-    """The decision rule for "method A beats method B by about the paper's gain", from a paired interval.
+    """The v1/v2 protocols' registered rule for "method A beats method B by about the paper's gain", kept to show
+    what those protocols decided; new studies use :func:`lightning_fedhet.experiments.decision.decide`.
 
     - ``reproduced``: the interval lies above 0 and the mean gain is at least ``ratio`` x ``paper_gain``;
     - ``partly reproduced``: the interval lies above 0 but the gain is smaller than that;
@@ -97,7 +99,9 @@ def direction(lo: float, mean: float, hi: float) -> str:
 
 def seeds_needed(sd_paired: float, effect: float, level: float = 0.95, max_seeds: int = 1000) -> int | None:
     """The fewest seeds ``n >= 2`` whose paired interval half-width ``t_{n-1} sd / sqrt(n)`` is below ``effect``
-    (a power analysis from a pilot's paired standard deviation); ``None`` if more than ``max_seeds`` are needed."""
+    (the v1/v2 protocols' power analysis: about 50 % power; for 80 % use
+    :func:`lightning_fedhet.experiments.decision.seeds_for_power`); ``None`` if more than ``max_seeds`` are
+    needed."""
     from scipy import stats
 
     if effect <= 0:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from lightning_fedhet.experiments.decision import LABELS
 from lightning_fedhet.experiments.records import Record, slug
 from lightning_fedhet.experiments.stats import VERDICTS
 
@@ -84,8 +85,9 @@ class Summary:
     verdict: str
 
     def __post_init__(self) -> None:
-        if self.verdict.split(" (")[0] not in VERDICTS + ("pending",):
-            raise ValueError(f"verdict must start with one of {VERDICTS + ('pending',)}, got {self.verdict!r}")
+        allowed = tuple(dict.fromkeys(LABELS + VERDICTS))  # the rule's labels, and v1/v2's registered ones
+        if self.verdict.split(" (")[0] not in allowed:
+            raise ValueError(f"verdict must start with one of {allowed}, got {self.verdict!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
