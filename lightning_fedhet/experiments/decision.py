@@ -178,6 +178,34 @@ def decide(lo: float, hi: float, gain: float | None, n: int, planned: int, *, me
     return out("inconclusive", "the interval holds 0" + ("" if gain is None else " and the paper's effect"))
 
 
+def decide_within(lo: float, hi: float, margin: float, n: int, planned: int, *, mean: float = math.nan,
+                  converged: bool = True, lr_interior: bool = True) -> Decision:
+    """The label of an equivalence claim "A is within ``margin`` of B" (e.g. "nearly attains the lossless
+    baseline") from the paired interval ``[lo, hi]`` of ``a - b``: **reproduced** when the interval lies inside
+    ``(-margin, margin)``; **not reproduced** when it lies wholly outside (``hi < -margin`` or ``lo > margin``: the
+    gap is resolved and larger than the margin); **inconclusive** otherwise (equivalence neither shown nor
+    excluded); pending, not converged and lr at grid edge as :func:`decide`."""
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    if n < 0 or planned < 1:
+        raise ValueError(f"n must be >= 0 and planned >= 1, got n={n}, planned={planned}")
+
+    def out(label: str, reason: str) -> Decision:
+        return Decision(label, mean, lo, hi, n, planned, None, None, reason)
+
+    if n < planned or math.isnan(lo) or math.isnan(hi):
+        return out("pending", f"{n} of {planned} planned seeds")
+    if not converged:
+        return out("not converged", "the cell failed the protocol's convergence check")
+    if not lr_interior:
+        return out("lr at grid edge", "a learning rate was picked at its grid's edge")
+    if -margin < lo and hi < margin:
+        return out("reproduced", "the interval lies inside the margin")
+    if hi < -margin or lo > margin:
+        return out("not reproduced", "the interval lies outside the margin")
+    return out("inconclusive", "the interval crosses the margin: equivalence neither shown nor excluded")
+
+
 def decide_paired(a: Mapping[int, float], b: Mapping[int, float], gain: float | None, planned: int, *,
                   level: float = 0.95, interval: tuple[float, float] | None = None, converged: bool = True,
                   lr_interior: bool = True) -> Decision:

@@ -19,6 +19,7 @@ from lightning_fedhet.experiments.decision import (
     LABELS,
     decide,
     decide_paired,
+    decide_within,
     family_intervals,
     power,
     seeds_for_power,
@@ -192,3 +193,16 @@ def test_seeds_for_power_beyond_reach_and_without_noise():
     assert seeds_for_power(100.0, 0.001, max_seeds=1000) is None
     assert seeds_for_power(0.0, 1.0) == 2
     assert seeds_for_power(math.nan, 1.0) is None
+
+
+def test_equivalence_claims_within_a_margin():
+    # v2's UPGA-PL U2, -4.7 [-9.0, -0.4] pp against a 1 pp margin: neither inside nor wholly outside
+    assert decide_within(-9.0, -0.4, 1.0, 10, 10).label == "inconclusive"
+    assert decide_within(-0.9, 0.9, 1.0, 10, 10).label == "reproduced"
+    assert decide_within(-1.0, 0.5, 1.0, 10, 10).label == "inconclusive"  # the margin is open
+    assert decide_within(-9.0, -1.1, 1.0, 10, 10).label == "not reproduced"
+    assert decide_within(1.1, 3.0, 1.0, 10, 10).label == "not reproduced"
+    assert decide_within(-0.5, 0.5, 1.0, 9, 10).label == "pending"
+    assert decide_within(-0.5, 0.5, 1.0, 10, 10, converged=False).label == "not converged"
+    with pytest.raises(ValueError, match="margin"):
+        decide_within(-0.5, 0.5, 0.0, 10, 10)
