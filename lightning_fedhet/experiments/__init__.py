@@ -24,8 +24,10 @@ from lightning_fedhet.experiments.decision import (
     decide_paired,
     decide_within,
     family_intervals,
+    grid_place,
     power,
     seeds_for_power,
+    tail_change,
 )
 from lightning_fedhet.experiments.federated import checksum, data_checksum, federated_study
 from lightning_fedhet.experiments.pages import (
@@ -126,6 +128,8 @@ __all__ = [
     "family_intervals",
     "power",
     "seeds_for_power",
+    "tail_change",
+    "grid_place",
     "seeds_needed",
     "VERDICTS",
     "Report",

@@ -269,3 +269,37 @@ def family_intervals(diffs: Mapping[str, Sequence[float]], level: float = 0.95,
         if not stopped and (math.isnan(lo) or lo <= 0 <= hi):
             stopped = True
     return {k: out[k] for k in arrays}
+
+
+# ----------------------------------------------------------------------------------------- convergence, grid place
+def tail_change(rounds: Sequence[float], values: Sequence[float], tail: float = 0.2) -> float:
+    """How much a metric still moves at the end of a run: the mean of ``values`` over the last ``tail / 2`` of the
+    rounds minus their mean over the ``tail / 2`` before (rounds ``(T (1 - tail/2), T]`` and ``(T (1 - tail),
+    T (1 - tail/2)]``, ``T`` the last round). Apply it to a cell's curve averaged over seeds; a protocol states the
+    bound below which ``abs(tail_change)`` counts as converged. NaN when a window holds no evaluation."""
+    if not 0 < tail < 1:
+        raise ValueError(f"tail must be in (0, 1), got {tail}")
+    r = np.asarray(rounds, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    if r.shape != v.shape or r.ndim != 1:
+        raise ValueError(f"rounds and values must be 1-D of one length, got {r.shape} and {v.shape}")
+    if r.size == 0:
+        return math.nan
+    end = float(r.max())
+    mid, start = end * (1 - tail / 2), end * (1 - tail)
+    last, before = v[r > mid], v[(r > start) & (r <= mid)]
+    if last.size == 0 or before.size == 0:
+        return math.nan
+    return float(last.mean() - before.mean())
+
+
+def grid_place(pick: float, grid: Sequence[float]) -> str:
+    """Where a tuned value sits in its grid: ``"interior"``, ``"lower edge"`` or ``"upper edge"`` (a pick at an
+    edge means the grid must be extended before the cell gets a verdict)."""
+    values = sorted(float(g) for g in grid)
+    if len(values) < 3:
+        raise ValueError(f"grid must hold at least 3 values to have an interior, got {list(grid)}")
+    close = [g for g in values if math.isclose(g, pick, rel_tol=1e-9)]
+    if not close:
+        raise ValueError(f"pick {pick} is not in the grid {values}")
+    return "lower edge" if close[0] == values[0] else "upper edge" if close[0] == values[-1] else "interior"

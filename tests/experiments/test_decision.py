@@ -21,8 +21,10 @@ from lightning_fedhet.experiments.decision import (
     decide_paired,
     decide_within,
     family_intervals,
+    grid_place,
     power,
     seeds_for_power,
+    tail_change,
 )
 
 H95 = 0.95 / math.sqrt(0.04875) / math.sqrt(3)  # 2.484138
@@ -206,3 +208,25 @@ def test_equivalence_claims_within_a_margin():
     assert decide_within(-0.5, 0.5, 1.0, 10, 10, converged=False).label == "not converged"
     with pytest.raises(ValueError, match="margin"):
         decide_within(-0.5, 0.5, 0.0, 10, 10)
+
+
+def test_tail_change_compares_the_last_tenth_with_the_tenth_before():
+    # rounds 10, 20, ..., 100 (T = 100, tail 0.2): last window (90, 100] holds round 100, the one before (80, 90]
+    # holds round 90. values = round / 100 -> 1.0 - 0.9 = 0.1
+    rounds = list(range(10, 101, 10))
+    assert tail_change(rounds, [r / 100 for r in rounds]) == pytest.approx(0.1)
+    # tail 0.4: (80, 100] -> rounds 90, 100 (mean 0.95); (60, 80] -> rounds 70, 80 (mean 0.75)
+    assert tail_change(rounds, [r / 100 for r in rounds], tail=0.4) == pytest.approx(0.2)
+    assert tail_change(rounds, [0.5] * 10) == 0.0
+    assert math.isnan(tail_change([100], [0.5]))
+    with pytest.raises(ValueError, match="tail"):
+        tail_change(rounds, rounds, tail=1.0)
+
+
+def test_grid_place():
+    grid = [0.01, 0.0316, 0.1, 0.316]
+    assert grid_place(0.1, grid) == "interior"
+    assert grid_place(0.316, grid) == "upper edge"
+    assert grid_place(0.01, list(reversed(grid))) == "lower edge"
+    with pytest.raises(ValueError, match="not in the grid"):
+        grid_place(0.2, grid)
