@@ -56,6 +56,33 @@ def test_v2_verdict_marks_columns_the_planned_seeds_cannot_resolve():
     assert fedcis.v2_verdict("80-15-5", -0.01, -0.03, 0.01, True, 4) == "not reproduced"
 
 
+def _v2_record(column: str, method: str, seed: int, acc: float) -> dict:
+    return {"protocol": "v2", "setting": column, "method": method, "seed": seed,
+            "metrics": {k: [acc] for k in fedcis.KEYS}, "config": {"lambda_tilde": [1 / 3] * 3}}
+
+
+def test_v2_rows_carry_the_v3_label_beside_the_registered_one(tmp_path):
+    # 20-35-45 only: Serving Rate - Equal Weight = -2.3 pp +- 0.5 pp alternating over 10 seeds, so sd =
+    # 0.5 sqrt(10/9) = 0.527 pp and the half-width t_{0.975,9} sd / sqrt(10) = 2.262157 x 0.1667 = 0.377 pp:
+    # [-2.68, -1.92] lies below 0 (opposite sign). No v1 records: v2's power rule registered "not testable here".
+    # The other columns have no record: pending at 0 of 10 seeds.
+    from lightning_fedhet.experiments import new_figure
+
+    records = []
+    for seed in range(10):
+        d = -0.023 + 0.005 * (1 if seed % 2 else -1)
+        records += [_v2_record("20-35-45", "Serving Rate", seed, 0.70 + d),
+                    _v2_record("20-35-45", "Equal Weight", seed, 0.70)]
+    fig, axes = new_figure()
+    lines, summaries = fedcis._v2_section(records, records, axes[0])
+    verdicts = {s.claim.split(":")[0].removeprefix("v2, Table 5.1, "): s.verdict for s in summaries}
+    assert verdicts["20-35-45"] == "opposite sign (v2 records, v3 rule)"
+    assert verdicts["80-15-5"] == "pending (0/10 seeds) (v2 records, v3 rule)"
+    row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| 20-35-45 | 10 |"))
+    assert "-2.3 pp [-2.7, -1.9]" in row and "**opposite sign**" in row
+    assert "not testable here (registered v2 rule, needs > 10,000 seeds; the interval excludes 0" in row
+
+
 def test_a_v2_cell_runs_two_rounds_with_each_node_keeping_its_optimizer_state():
     config = {**fedcis.BASE_V2, "serving": "5-15-80", "base_width": 4, "rounds": 2, "eval_every": 1,
               "local_steps": 1, "batch_size": 8, "train_size": 140, "test_size": 40, "synthetic_data": True}
