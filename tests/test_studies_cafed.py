@@ -78,7 +78,9 @@ def test_a_cell_short_of_seeds_is_shown_incomplete_and_its_claims_pending(tmp_pa
     records = [_record("rescaled", m, s, 0.7) for m in cafed.METHODS for s in range(10)]
     records = [r for r in records if not (r["method"] == "AdaFed" and r["seed"] == 9)]
     summaries = cafed.write_report(records, tmp_path)
-    assert {s.verdict for s in summaries} == {"pending"}
+    assert {s.verdict for s in summaries if s.claim.startswith("v1")} == {"pending"}
+    # no v2 record: v2's claims are pending at 0 of 20 seeds under the v3 rule, so marked
+    assert {s.verdict for s in summaries if s.claim.startswith("v2")} == {"pending (0/20 seeds) (v2 records, v3 rule)"}
     assert "9/10 (incomplete)" in (tmp_path / "cafed.md").read_text()
 
 
@@ -168,9 +170,10 @@ def cafed_rule():
     return CAFed
 
 
-def test_a_v2_page_with_records_labels_c1_not_testable_and_keeps_the_estimate(tmp_path):
-    # v1 `rescaled` records with CA-Fed alternating +-5 pp around the others: C1 and C3 need far more than v2's 20
-    # seeds; C2 (no power rule) stays pending at 3 of 20 seeds
+def test_a_v2_page_at_3_of_20_seeds_is_pending_under_both_rules_and_keeps_the_estimate(tmp_path):
+    # v1 `rescaled` records with CA-Fed alternating +-5 pp around the others: v2's power rule registered C1 and C3
+    # "not testable here (needs n seeds)"; at 3 of v2's 20 seeds every claim is pending (never "not testable"),
+    # under the registered rule and under the v3 rule, and the interim estimate is still shown
     records = []
     for seed in range(10):
         j = 0.05 * (1 if seed % 2 else -1)
@@ -178,6 +181,21 @@ def test_a_v2_page_with_records_labels_c1_not_testable_and_keeps_the_estimate(tm
     records += [{**_record("authors-recipe", m, seed, 0.4), "protocol": "v2"} for m in cafed.METHODS
                 for seed in range(3)]
     summaries = {s.claim.split(":")[0]: s for s in cafed.write_report(records, tmp_path)}
-    assert summaries["v2, C1"].verdict.startswith("not testable here (needs ")
-    assert summaries["v2, C3"].verdict.startswith("not testable here (needs ")
-    assert summaries["v2, C1"].ours.startswith("0.0 pp") and summaries["v2, C2"].verdict == "pending"
+    for claim in ("v2, C1", "v2, C2", "v2, C3"):
+        assert summaries[claim].verdict == "pending (3/20 seeds) (v2 records, v3 rule)"
+    assert summaries["v2, C1"].ours.startswith("0.0 pp")
+    page = (tmp_path / "cafed.md").read_text()
+    assert "| pending (3/20 seeds; registered power analysis: needs " in page
+    assert "not testable here (needs" not in page.split("## Results, protocol v1")[0].split("Verdicts")[1]
+
+
+def test_best_of_five_under_the_v3_rule():
+    # C2 is direction only: one interval below 0 settles it against CA-Fed; all above 0 for it; else inconclusive
+    from lightning_fedhet.experiments import decide
+
+    up, flat, down = decide(0.01, 0.03, None, 20, 20), decide(-0.01, 0.03, None, 20, 20), decide(-0.03, -0.01, None,
+                                                                                                  20, 20)
+    assert cafed._best_of({"A": up, "B": up}).label == "reproduced"
+    assert cafed._best_of({"A": up, "B": flat}).label == "inconclusive"
+    assert cafed._best_of({"A": flat, "B": down}).label == "opposite sign"
+    assert cafed._best_of({"A": down, "B": decide(0.01, 0.03, None, 3, 20)}).text() == "pending (3/20 seeds)"

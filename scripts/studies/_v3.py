@@ -85,7 +85,8 @@ def cells(r: Relabelled, fmt: Callable[[float, float, float], str]) -> tuple[str
 
 
 def note(family: int, what: str) -> str:
-    """The paragraph every page with v2 records under the v3 rule shows (``what``: the family's claims, in words)."""
+    """The paragraph every page with v2 records under the v3 rule shows (``family``: how many paired comparisons
+    the Holm adjustment covers; ``what``: which, in words)."""
     return (
         "**v2 records, v3 rule.** The column \"v3 label\" applies the decision rule of "
         "`lightning_fedhet.experiments.decide` to protocol v2's records: **reproduced** when the paired 95 % interval "
@@ -95,6 +96,6 @@ def note(family: int, what: str) -> str:
         "chosen *after* v2's results had been seen, so it relabels v2's records openly: each row keeps the label v2's "
         "protocol registered beside it, and every claim whose label changes needs fresh confirmatory seeds under a v3 "
         f"protocol (planned there, not run here) before it counts. The v3 label is decided on the raw interval, as "
-        f"v2 registered; the Holm-adjusted interval beside it covers the family of this page's {family} v2 claims "
-        f"({what}; Holm's step-down at 95 % family-wise), and the last column gives the label that interval would "
-        "give.\n")
+        f"v2 registered; the Holm-adjusted interval beside it covers the family of this page's v2 comparisons "
+        f"({family}: {what}; Holm's step-down at 95 % family-wise), and the last column gives the label that "
+        "interval would give.\n")

@@ -20,6 +20,7 @@ the decision rule; every cell's configuration below is complete (``run_cell`` re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import torch
 
 from lightning_fedhet.experiments import (
     Cell,
+    Decision,
     Summary,
     band,
     by_seed,
@@ -43,7 +45,7 @@ from lightning_fedhet.experiments import (
     verdict_for_gain,
 )
 
-from . import _power, _repo, _train
+from . import _power, _repo, _train, _v3
 
 # Thesis Table A.2 (Synthetic LEAF): local lr eta / server lr eta_s per method.
 TABLE_A2 = {
@@ -461,9 +463,10 @@ def _plot_curves(records: list[dict], settings: list[str], path: Path, title: st
 
 
 def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: int, out_name: str,
-                     not_testable: dict[str, str] | None = None):
+                     not_testable: dict[str, str] | None = None, v3: dict[str, _v3.Relabelled] | None = None):
     """The tables of one setting; returns the markdown and ``{claim: (ours text, verdict)}``. ``not_testable``: the
-    claims the power analysis rules out at ``n_seeds`` and their verdict text (the estimate is still shown)."""
+    claims the power analysis rules out at ``n_seeds`` and their verdict text (the estimate is still shown).
+    ``v3``: the claims under the v3 rule (:func:`v3_labels`), shown beside the registered verdicts."""
     recs = [r for r in records if r["setting"] == setting]
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
     finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
@@ -510,10 +513,55 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         if claim in verdicts:
             verdicts[claim] = (verdicts[claim][0], ruled_out)
     verdicts = {k: verdicts[k] for k in CLAIMS if k in verdicts}
-    claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
-    text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
-             markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
+    if v3 is None:
+        claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
+        text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
+                 markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
+        return "\n".join(text), verdicts
+    verdicts = {k: verdicts.get(k, ("–", "pending")) for k in CLAIMS}
+    claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, _v3.registered(v, v3[k].raw),
+                   *_v3.cells(v3[k], lambda m, lo, hi: fmt_ci(m, lo, hi, unit=" pp")))
+                  for k, (ours, v) in verdicts.items()]
+    text += ["\nVerdicts (protocol " + protocol + "'s decision rule, and the v3 rule on its records):\n",
+             _v3.note(v3["C1"].family, "the comparisons CA-Fed − X that the claims rest on: C1 AdaFed, C3 Unbiased, C2 "
+                      "all four; C2 is direction only and shows the comparison that settles it"),
+             markdown_table(("claim", "paper", "ours (mean [95 % CI])", f"{protocol} label (registered rule)",
+                             *_v3.HEADER), claim_rows)]
     return "\n".join(text), verdicts
+
+
+def _best_of(decisions: dict[str, Decision]) -> Decision:
+    """C2 under the v3 rule ("CA-Fed has the best accuracy of the five", direction only) from the decisions on
+    CA-Fed − X for every other X: pending while any is; **opposite sign** when some interval lies below 0 (X is
+    resolved above CA-Fed); **reproduced** when every one lies above 0; **inconclusive** otherwise. The decision
+    returned is that of the comparison that settles it (fewest seeds; lowest upper end; lowest lower end)."""
+    pending = [d for d in decisions.values() if d.label == "pending"]
+    if pending:
+        return min(pending, key=lambda d: d.n)
+    below = min(decisions.values(), key=lambda d: d.hi)
+    if below.hi < 0:
+        return dataclasses.replace(below, gain=None, seeds_for_80=None, label="opposite sign",
+                                   reason="a method is resolved above CA-Fed")
+    low = min(decisions.values(), key=lambda d: d.lo)
+    if low.lo > 0:
+        return dataclasses.replace(low, gain=None, seeds_for_80=None, label="reproduced",
+                                   reason="CA-Fed is resolved above every other method")
+    return dataclasses.replace(low, gain=None, seeds_for_80=None, label="inconclusive",
+                               reason="an interval holds 0")
+
+
+def v3_labels(records: list[dict], setting: str) -> dict[str, _v3.Relabelled]:
+    """Protocol v2's claims in ``setting`` under the v3 rule (v2 records, v3 rule): C1 on CA-Fed − AdaFed (the
+    thesis's +1.56 pp), C3 on CA-Fed − Unbiased (+1.2 pp), C2 by :func:`_best_of` over CA-Fed − X for the four
+    others; the Holm family is those four comparisons; planned: v2's 20 seeds."""
+    recs = [r for r in records if r["setting"] == setting]
+    finals = {m: by_seed(recs, final_acc, method=m) for m in METHODS}
+    gains = {"AdaFed": PAPER_GAIN_ADAFED, "Unbiased": PAPER_GAIN_UNBIASED}
+    out = _v3.relabel({m: (finals["CA-Fed"], finals[m], gains.get(m)) for m in METHODS if m != "CA-Fed"},
+                      len(SEEDS_BY_PROTOCOL["v2"]))
+    c2 = _v3.Relabelled(_best_of({m: r.raw for m, r in out.items()}),
+                        _best_of({m: r.adjusted for m, r in out.items()}), len(out))
+    return {"C1": out["AdaFed"], "C2": c2, "C3": out["Unbiased"]}
 
 
 def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
@@ -575,27 +623,35 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         lines.append(f"## Results, protocol {protocol}\n")
         if protocol == "v2":
             lines += ["Power (from v1's `rescaled` records): the seeds n needed so that the paired 95 % half-width "
-                      "t_{0.975,n-1} · SD / sqrt(n) is below the thesis's gain; a claim that needs more than the "
-                      f"{len(seeds)} planned seeds is **not testable here** (its estimate is still shown).\n",
+                      "t_{0.975,n-1} · SD / sqrt(n) is below the thesis's gain; by v2's registered rule a claim that "
+                      f"needs more than the {len(seeds)} planned seeds is **not testable here** (its estimate is "
+                      "still shown). That rule gives only about 50 % power (the interval clears 0 about half the "
+                      "time when the true gain is the thesis's); the column beside gives the seeds for 80 % power "
+                      "(noncentral t, same SD).\n",
                       markdown_table(_power.POWER_HEADER, rows), ""]
+        v3 = v3_labels(recs, PRIMARY[protocol]) if protocol == "v2" else None
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
-            summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
-                                          if protocol == "v2" else "pending") for k, (c, p) in CLAIMS.items()]
+            summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", v3[k].index_text() if v3 else "pending")
+                          for k, (c, p) in CLAIMS.items()]
             continue
         settings = [s for s in settings_of[protocol] if any(r["setting"] == s for r in recs)]
         for setting in settings:
-            text, verdicts = _setting_section(recs, protocol, setting, len(seeds), name,
-                                              ruled_out if protocol == "v2" else None)
-            lines.append(text)
             primary = setting == PRIMARY[protocol]
+            text, verdicts = _setting_section(recs, protocol, setting, len(seeds), name,
+                                              ruled_out if protocol == "v2" else None, v3 if primary else None)
+            lines.append(text)
             if primary:  # a claim whose methods have no records yet is still listed, as pending
                 verdicts = {k: verdicts.get(k, ("–", "pending")) for k in CLAIMS}
             for k, (ours, verdict) in verdicts.items():
                 label = "" if primary else f" [setting {setting}]"
+                if primary and v3:  # v2 records, v3 rule: the index gives the v3 label, so marked
+                    verdict = v3[k].index_text()
+                    holm = _v3.cells(v3[k], lambda m, lo, hi: fmt_ci(m, lo, hi, unit=" pp"))[0]
+                    ours = f"{ours}; Holm-adjusted {holm}" if k != "C2" else ours
                 if primary or k != "C2":
                     summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
-                                                     f"{ours} ({setting})", verdict))
+                                             f"{ours} ({setting})", verdict))
         fig = f"{name}/accuracy-{protocol}.png"
         _plot_curves(recs, settings, out / fig, f"CA-Fed study, protocol {protocol}: test accuracy, mean and "
                      "95 % CI over seeds (n in legend)")
