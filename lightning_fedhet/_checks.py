@@ -170,10 +170,18 @@ def check_bool(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
-    """``value`` if it is one of ``choices``, else ``ValueError`` listing them."""
+def check_choice(value: Any, name: str, choices: Sequence[Any], alternatives: str = "") -> Any:
+    """``value`` if it is one of ``choices``, else ``ValueError`` listing them (and ``alternatives``, the other
+    accepted forms that the caller handles itself, e.g. ``"None"``: ``"<name> must be one of (...) or None"``).
+
+    Use it instead of ``value not in CHOICES``: ``in`` compares with ``==``, which for a numpy array is elementwise
+    (an empty or longer array raises numpy's "truth value ... is ambiguous", a one-element ``array(['a'])`` passes)
+    and for a dict of choices hashes ``value`` (a list raises "unhashable type"); here only a value of a choice's
+    own type is compared.
+    """
     if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        other = f" or {alternatives}" if alternatives else ""
+        raise ValueError(f"{name} must be one of {tuple(choices)}{other}, got {value!r}")
     return value
 
 

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice
+
 __all__ = ["CISTopology", "SERVING_SETTINGS", "PARTITIONS"]
 
 #: The seven x-y-z serving settings of Tables 5.1/5.2 (% of requests served by exits 1, 2, 3).
@@ -311,12 +313,9 @@ class CISTopology:
             partition: ``"equal"``, ``"biased"`` or ``"highly-biased"`` (:data:`PARTITIONS`), the data share per
                 layer split evenly within a layer (``data_fraction``).
         """
-        if tree not in _TREES:
-            raise ValueError(f"tree must be one of {sorted(_TREES)}, got {tree!r}")
-        if serving not in SERVING_SETTINGS:
-            raise ValueError(f"serving must be one of {list(SERVING_SETTINGS)}, got {serving!r}")
-        if partition not in PARTITIONS:
-            raise ValueError(f"partition must be one of {sorted(PARTITIONS)}, got {partition!r}")
+        check_choice(tree, "tree", sorted(_TREES))
+        check_choice(serving, "serving", SERVING_SETTINGS)
+        check_choice(partition, "partition", sorted(PARTITIONS))
         children, max_exit = _TREES[tree]
         layer_counts = [max_exit.count(e) for e in (1, 2, 3)]
         share = PARTITIONS[partition]

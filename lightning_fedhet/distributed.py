@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.algorithms.base import RoundShares, ShardedRows
 from lightning_fedhet.federation import RoundPlan
 
@@ -35,8 +36,7 @@ PLACEMENTS = ("balanced", "by_client")
 
 def place_clients(plan: RoundPlan, world_size: int, placement: str) -> list[list[int]]:
     """The clients each process trains in ``plan``'s round: ``world_size`` lists of ids, each in increasing order."""
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    check_choice(placement, "placement", PLACEMENTS)
     trained = plan.trained_ids
     if placement == "by_client":
         return [[c for c in trained if c % world_size == rank] for rank in range(world_size)]

@@ -27,6 +27,7 @@ from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.distributed import PLACEMENTS, ProcessGroupComm
 from lightning_fedhet.participation.base import Participation
@@ -134,8 +135,8 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             raise ValueError(
                 "FedHetDDPStrategy takes engine='sequential' or 'vmap' (engine='auto' is FedHetStrategy's, one process)"
             )
-        if placement is not None and placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS} or None, got {placement!r}")
+        if placement is not None:
+            check_choice(placement, "placement", PLACEMENTS, alternatives="None")
         if placement == "balanced" and optimizer_state == "persist":
             raise ValueError(
                 "placement='balanced' cannot keep optimizer_state='persist': a client's optimizer state lives on the "

@@ -24,8 +24,10 @@ PACKAGE = "lightning_fedhet"
 
 #: the parts of the package, bottom layer first; a part imports only parts of the layers below its own
 LAYERS: list[set[str]] = [
-    # leaves: argument checks, the seed, the flat view of a module, the CIS topology, plain torch.nn models
-    {"_checks", "_third_party", "seeding", "flat", "cis", "model_zoo"},
+    # the argument checks (every other part validates its input with them)
+    {"_checks"},
+    # leaves: the seed, the flat view of a module, the CIS topology, plain torch.nn models
+    {"_third_party", "seeding", "flat", "cis", "model_zoo"},
     # who is available, what the links and the clock do, the clients' data
     {"participation", "system", "data"},
     # the server rules; the logged configuration's pieces; the ready-made LightningModules (on model_zoo);

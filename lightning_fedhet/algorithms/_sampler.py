@@ -47,10 +47,7 @@ def _check_calibrate(calibrate, method: str | None) -> bool | str:
         return False
     if calibrate is True:
         calibrate = "client"
-    if calibrate not in CALIBRATION_TARGETS:
-        raise ValueError(
-            f"calibrate must be False, True (= 'client') or one of {CALIBRATION_TARGETS}, got {calibrate!r}"
-        )
+    check_choice(calibrate, "calibrate", CALIBRATION_TARGETS, alternatives="False, True (= 'client')")
     if method is None:
         raise ValueError("calibrate: this rule has no step calibration (App. I.2 covers FedACS and c-a-FedAvg)")
     return calibrate

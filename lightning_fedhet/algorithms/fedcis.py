@@ -203,10 +203,8 @@ class FedCIS(Algorithm):
         check_choice(prob_weighting, "prob_weighting", PROB_WEIGHTINGS)
         check_bool(normalize, "normalize")
         check_bool(correct_participation, "correct_participation")
-        if flops_schedule not in FLOPS_SCHEDULES:
-            raise ValueError(f"flops_schedule must be one of {FLOPS_SCHEDULES}, got {flops_schedule!r}")
-        if aggregation_base not in AGGREGATION_BASES:
-            raise ValueError(f"aggregation_base must be one of {AGGREGATION_BASES}, got {aggregation_base!r}")
+        check_choice(flops_schedule, "flops_schedule", FLOPS_SCHEDULES)
+        check_choice(aggregation_base, "aggregation_base", AGGREGATION_BASES)
         if aggregation_base == "root_local":
             if exit_masks is None:
                 raise ValueError(

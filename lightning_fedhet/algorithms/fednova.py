@@ -120,8 +120,7 @@ def check_optimizer_matches(
     ``local_lr``. Weight decay is not checked (it is part of the client's objective). Raises ``ValueError`` naming
     both values of each mismatch.
     """
-    if optimizer_state not in ("reset", "persist"):
-        raise ValueError(f"optimizer_state must be 'reset' or 'persist', got {optimizer_state!r}")
+    check_choice(optimizer_state, "optimizer_state", ("reset", "persist"))
     if not isinstance(optimizer, torch.optim.SGD):
         raise ValueError(
             f"{rule}'s ||a_i||_1 models torch.optim.SGD (with momentum and a proximal term), but the module's "

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from lightning_fedhet._checks import check_choice
+
 #: the rules for R_m: the paper's eq. 3 with Algorithm 4's scaling, or the authors' code (linear in the variance)
 ALLOCATIONS = ("paper", "code")
 
@@ -48,8 +50,7 @@ def allocation_scores(variances: Mapping[str, float], rule: str, server_lr: floa
     ``"paper"``: ``sigma_hat_m = sqrt(eta_c eta_s tau sigma_tilde^2)`` (Algorithm 4 line 3, eq. 3);
     ``"code"``: ``eta_s sigma_tilde^2 / (eta_c tau^2)`` (the authors' code, linear in the variance).
     """
-    if rule not in ALLOCATIONS:
-        raise ValueError(f"rule must be one of {ALLOCATIONS}, got {rule!r}")
+    check_choice(rule, "rule", ALLOCATIONS)
     out = {}
     for m, var in variances.items():
         if rule == "paper":

@@ -22,6 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.asynchronous.allocation import ALLOCATIONS
 from lightning_fedhet.asynchronous.fedast_server import FedASTServer
 from lightning_fedhet.asynchronous.pool import ClientPool, resolve_pool
@@ -89,10 +90,8 @@ class FedAST:
         quantum: int | None = None,
         max_new: int = 2,
     ) -> None:
-        if option not in OPTIONS:
-            raise ValueError(f"option must be one of {OPTIONS}, got {option!r}")
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+        check_choice(option, "option", OPTIONS)
+        check_choice(allocation, "allocation", ALLOCATIONS)
         if not (math.isfinite(float(server_lr)) and float(server_lr) > 0):
             raise ValueError(f"server_lr must be a finite number > 0, got {server_lr!r}")
         if not (math.isfinite(float(period)) and float(period) > 0):

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.asynchronous.module import MultiTaskModule
 from lightning_fedhet.asynchronous.strategy import FedASTStrategy
 
@@ -37,8 +38,7 @@ class TimeToTarget(Callback):
                  max_sim_time: float | None = None) -> None:
         if not isinstance(targets, Mapping) or not targets:
             raise ValueError("targets must be a non-empty mapping task -> target value")
-        if mode not in ("max", "min"):
-            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        check_choice(mode, "mode", ("max", "min"))
         if max_sim_time is not None and not float(max_sim_time) > 0:
             raise ValueError(f"max_sim_time must be > 0 seconds, got {max_sim_time!r}")
         self.targets = {str(k): float(v) for k, v in targets.items()}

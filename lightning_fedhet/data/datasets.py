@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from lightning_fedhet._checks import check_choice
 from lightning_fedhet.seeding import Stream, generator
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -113,8 +114,7 @@ def torchvision_dataset(
     """
     import torchvision.datasets as tvd
 
-    if name not in _STATS:
-        raise ValueError(f"name must be one of {sorted(_STATS)}, got {name!r}")
+    check_choice(name, "name", sorted(_STATS))
     root = str(data_dir)
     if name == "svhn":
         ds = tvd.SVHN(root, split="train" if train else "test", download=download)

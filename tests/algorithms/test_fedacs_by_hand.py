@@ -339,10 +339,10 @@ def test_the_shared_samplers_defaults_and_the_bound_on_draws():
     (lambda: FedACS(K=1, ema=0.0), "ema (the estimator's rate) must lie in (0, 1], got 0.0"),
     (lambda: FedACS(K=1, ema=1.5), "ema (the estimator's rate) must lie in (0, 1], got 1.5"),
     (lambda: FedACS(K=1, calibrate=1),
-     "calibrate must be False, True (= 'client') or one of ('client', 'server'), got 1"),
+     "calibrate must be one of ('client', 'server') or False, True (= 'client'), got 1"),
     (lambda: FedACS(K=1, calibrate=True, calibration_cap=0.0), "calibration_cap must lie in (0, inf], got 0.0"),
     (lambda: CAFedAvg(K=1, calibrate=1),
-     "calibrate must be False, True (= 'client') or one of ('client', 'server'), got 1"),
+     "calibrate must be one of ('client', 'server') or False, True (= 'client'), got 1"),
     (lambda: CAFedAvg(K=1, calibrate=True, calibration_cap=0.0), "calibration_cap must lie in (0, inf], got 0.0"),
     (lambda: OS(K=1, mix=1.0), "mix must lie in [0, 1), got 1.0"),
 ])

@@ -249,6 +249,22 @@ def test_exit_masks_from_an_early_exit_net():
         exit_masks(model, [[torch.nn.Linear(2, 2)]])
 
 
+@pytest.mark.parametrize("value", [
+    np.empty((1, 0)), np.array([1.0, 2.0]), np.array(["literal"]), np.array("literal"), torch.tensor([1.0, 2.0]),
+    None, 0, 1.5, True, ["literal"], {"literal": 1}, "root", "Literal",
+], ids=["empty-array", "array", "str-array-1", "str-array-0d", "tensor", "none", "int", "float", "bool", "list",
+        "dict", "unknown-name", "wrong-case"])
+def test_aggregation_base_other_than_a_name_is_refused_naming_it(value):
+    # The property test drew np.empty((1, 0)): `value not in AGGREGATION_BASES` compared it elementwise and numpy
+    # raised "The truth value of an empty array is ambiguous"; array(['literal']) compared equal and was let in.
+    with pytest.raises(ValueError) as err:
+        FedCIS(three_node_topology(), aggregation_base=value)
+    assert str(err.value) == f"aggregation_base must be one of ('literal', 'root_local'), got {value!r}"
+    with pytest.raises(ValueError) as err:
+        FedCIS(three_node_topology(), lambda_tilde="flops", flops=[1, 2, 3], flops_schedule=value)
+    assert str(err.value) == f"flops_schedule must be one of ('static', 'warmup'), got {value!r}"
+
+
 def test_root_local_validation():
     topo = three_node_topology()
     with pytest.raises(ValueError, match="aggregation_base must be one of"):
