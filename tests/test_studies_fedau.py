@@ -68,3 +68,28 @@ def test_v2_stacked_seeds_on_the_cpu_give_each_seed_its_record_fields():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="wait for a GPU"):
             fedau.run_seeds(cell, [0])
+
+
+def _v2_record(pattern: str, method: str, seed: int, acc: float) -> dict:
+    # the metric window (last 200 of 2,000 rounds) holds two evaluations, both `acc`
+    return {"protocol": "v2", "setting": pattern, "method": method, "seed": seed,
+            "metrics": {"round": [1000, 1900, 2000], "val_acc": [0.1, acc, acc]},
+            "config": {"rounds": 2000, "metric_window_rounds": 200}}
+
+
+def test_v2_claims_under_the_v3_rule_are_pending_until_every_planned_seed_is_in():
+    # Bernoulli, FedAU - Average participating = -2 pp +- 0.5 pp alternating over the 10 planned seeds: sd =
+    # 0.5 sqrt(10/9) = 0.527 pp, half-width t_{0.975,9} sd / sqrt(10) = 2.262157 x 0.1667 = 0.377 pp, so
+    # [-2.38, -1.62] lies below 0: opposite sign. Every other v2 comparison has no record: pending at 0 of 10.
+    records = []
+    for seed in range(10):
+        d = -0.02 + 0.005 * (1 if seed % 2 else -1)
+        records += [_v2_record("bernoulli", "FedAU (K=50)", seed, 0.80 + d),
+                    _v2_record("bernoulli", "Average participating", seed, 0.80)]
+    out = fedau.v3_labels(records)
+    assert len(out) == 7  # 2 bernoulli + 3 cyclic + 2 markov comparisons
+    d = out[("bernoulli", "Average participating")].raw
+    assert d.label == "opposite sign" and d.gain == pytest.approx(0.024)  # SVHN: 89.6 - 87.2
+    assert (d.lo, d.hi) == pytest.approx((-0.02377, -0.01623), abs=2e-5)
+    assert out[("cyclic", "MIFA")].index_text() == "pending (0/10 seeds) (v2 records, v3 rule)"
+    assert fedau.v3_labels(records[:-2])[("bernoulli", "Average participating")].raw.text() == "pending (9/10 seeds)"

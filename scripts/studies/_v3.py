@@ -84,18 +84,22 @@ def cells(r: Relabelled, fmt: Callable[[float, float, float], str]) -> tuple[str
     return holm, f"**{r.raw.text()}**", adj.text()
 
 
-def note(family: int, what: str) -> str:
+def note(family: int, what: str, seen: bool = True) -> str:
     """The paragraph every page with v2 records under the v3 rule shows (``family``: how many paired comparisons
-    the Holm adjustment covers; ``what``: which, in words)."""
+    the Holm adjustment covers; ``what``: which, in words; ``seen``: whether this study's v2 results existed when
+    the v3 rule was chosen)."""
+    when = ("That rule was chosen *after* v2's results had been seen, so it relabels v2's records openly: each row "
+            "keeps the label v2's protocol registered beside it, and every claim whose label changes needs fresh "
+            "confirmatory seeds under a v3 protocol (planned there, not run here) before it counts."
+            if seen else
+            "That rule was chosen after other studies' v2 results had been seen but before this study had any v2 "
+            "record, so it was not fitted to them; each row keeps the label v2's protocol registered beside it.")
     return (
         "**v2 records, v3 rule.** The column \"v3 label\" applies the decision rule of "
         "`lightning_fedhet.experiments.decide` to protocol v2's records: **reproduced** when the paired 95 % interval "
         "lies above 0, **opposite sign** when it lies below 0, **not reproduced** when it holds 0 and lies below the "
         "paper's effect, **inconclusive** when it holds both (with the seeds that 80 % power to resolve the paper's "
-        "effect needs, noncentral t), **pending** while a cell has fewer seeds than the protocol plans. That rule was "
-        "chosen *after* v2's results had been seen, so it relabels v2's records openly: each row keeps the label v2's "
-        "protocol registered beside it, and every claim whose label changes needs fresh confirmatory seeds under a v3 "
-        f"protocol (planned there, not run here) before it counts. The v3 label is decided on the raw interval, as "
-        f"v2 registered; the Holm-adjusted interval beside it covers the family of this page's v2 comparisons "
-        f"({family}: {what}; Holm's step-down at 95 % family-wise), and the last column gives the label that "
-        "interval would give.\n")
+        f"effect needs, noncentral t), **pending** while a cell has fewer seeds than the protocol plans. {when} The "
+        "v3 label is decided on the raw interval, as v2 registered; the Holm-adjusted interval beside it covers the "
+        f"family of this page's v2 comparisons ({family}: {what}; Holm's step-down at 95 % family-wise), and the "
+        "last column gives the label that interval would give.\n")
