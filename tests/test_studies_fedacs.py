@@ -80,3 +80,25 @@ def test_acceptance_is_undecided_without_a_collapse_until_every_planned_run_exis
     assert page.startswith("**Protocol v2's acceptance criterion is not decided yet (1 of 40 runs).**")
     assert index == ""
     assert fedacs._loss(3.54e32) == "3.5e32" and fedacs._loss(48.1) == "48"
+
+
+def _rounds_record(method: str, setting: str, seed: int, hit: int) -> dict:
+    """A v2 record whose accuracy first reaches the threshold at round ``hit`` of 30."""
+    return {"protocol": "v2", "method": method, "setting": setting, "seed": seed,
+            "config": {"rounds": 30, "threshold": 0.5},
+            "metrics": {"round": list(range(1, 31)), "val_acc": [0.1] * (hit - 1) + [0.6] * (31 - hit)}}
+
+
+def test_v2_claims_under_the_v3_rule_from_the_rounds_ratio():
+    """Dynamic: FedACS reaches 50 % at round 10 in every seed, FedAvg at round 4 (even seeds) or 6 (odd): the gain
+    rounds(FedAvg) / rounds(FedACS) - 1 is -0.6 or -0.4, mean -0.5, sd 0.1 sqrt(10/9) = 0.10541, half-width
+    t_{0.975,9} x 0.10541 / sqrt(10) = 2.262157 x 0.033333 = 0.075406: [-0.5754, -0.4246] lies below 0, opposite
+    sign (the paper's effect: 1.43 - 1 = 0.43). The three other claims have no record: pending at 0 of 10."""
+    recs = [r for s in range(10) for r in (_rounds_record("FedACS", "dynamic", s, 10),
+                                           _rounds_record("FedAvg", "dynamic", s, 6 if s % 2 else 4))]
+    out = fedacs.v3_labels(recs)
+    assert set(out) == {("dynamic", "FedAvg"), ("dynamic", "c-a-FedAvg"), ("dynamic", "FedVarp"), ("static", "FedAvg")}
+    d = out[("dynamic", "FedAvg")].raw
+    assert d.label == "opposite sign" and d.gain == pytest.approx(0.43)
+    assert (d.mean, d.lo, d.hi) == pytest.approx((-0.5, -0.5754, -0.4246), abs=1e-4)
+    assert out[("static", "FedAvg")].index_text() == "pending (0/10 seeds) (v2 records, v3 rule)"
