@@ -351,7 +351,7 @@ def stream_record(args, streams: list[dict]) -> dict:
         "our server's order, is a seeded random float32 update (a weight part named fc.weight and a bias named "
         "fc.bias around a per-task mean, its noise level drifting over the stream) and is fed to their update() "
         "with varBasedR on; at each of our reallocations the two splits are compared",
-        list(range(max(args.study_streams, args.random_streams))), n, None, None,
+        list(range(max(args.study_streams, args.random_streams))), len(both), None, None,
         library == n and unmatched == 0,
         [f"Their update() reallocated at the same arrival as our server in every one of the {n} reallocations."
          if unmatched == 0 else
