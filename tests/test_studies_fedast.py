@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from studies import fedast
 
@@ -96,3 +97,31 @@ def test_v2_time_is_the_last_image_task_and_only_image_tasks_censor_it():
     assert fedast.last_image_time(record) == (1200.0, True)
     assert fedast.PROTOCOLS[fedast.PROTOCOL]["time_of"] is fedast.last_image_time
     assert all(c.config["claim_tasks"] == list(fedast.IMAGE_TASKS) for c in fedast.CELLS)
+
+
+def _v2_record(method: str, seed: int, lenet: float) -> dict:
+    return {"protocol": "v2", "method": method, "seed": seed, "config": {"horizon": 1200.0},
+            "metrics": {"time_to_target": {"fmnist_lenet": lenet, "fmnist_mlp": 50.0, "synthetic_logreg": None}}}
+
+
+def test_v2_claims_under_the_v3_rule_h2_direction_only():
+    """Five seeds; the LeNet task is always the later image task (MLP at 50 s). FedAST(S) at 100 s, FedAST(D) at
+    110, 90, 105, 95, 100 s: H2's gains (T_S - T_D) / T_S = -0.1, 0.1, -0.05, 0.05, 0, mean 0, sd sqrt(0.025 / 4) =
+    0.0790569, half-width t_{0.975,4} sd / sqrt(5) = 2.776445 x 0.0353553 = 0.098162: [-0.0982, 0.0982] holds 0, and
+    H2 is direction only ("up to 11.9 %"), so inconclusive; read with +11.9 % as the effect, 0.098 < 0.119: not
+    reproduced. Sync-ST at 200 s: H1's gains 0.45 ... 0.55 and H1s's 0.5 lie above 0: reproduced."""
+    recs = []
+    for seed, d in zip(fedast.SEEDS, (110.0, 90.0, 105.0, 95.0, 100.0)):
+        recs += [_v2_record("FedAST(D)", seed, d), _v2_record("FedAST(S)", seed, 100.0),
+                 _v2_record("Sync-ST first-k", seed, 200.0)]
+    out = fedast.v3_labels(recs, fedast.SEEDS, fedast.last_image_time)
+    h2 = out["H2"].raw
+    assert h2.label == "inconclusive" and h2.gain is None
+    assert (h2.mean, h2.lo, h2.hi) == pytest.approx((0.0, -0.098162, 0.098162), abs=1e-6)
+    assert out["H2"].index_text() == "inconclusive (v2 records, v3 rule)"
+    assert out["H1"].raw.label == out["H1s"].raw.label == "reproduced" and out["H1"].raw.mean == pytest.approx(0.5)
+    assert "**not reproduced** (the interval's upper end 9.8 % against 11.9 %)" in fedast.v3_h2_reading(
+        recs, fedast.SEEDS, fedast.last_image_time)
+    assert fedast.narrowed_endpoint(recs) == ("LeNet task only (endpoint chosen after v1; the paper's all-task claim "
+                                              "is untested)")
+    assert "censored at the horizon in 5 of 5 FedAST(D) − Sync-ST pairs" in fedast.narrowed_text(recs)
