@@ -39,9 +39,9 @@ def test_run_cell_two_rounds_on_a_tiny_stand_in(setting):
 def test_v2_cells_cover_every_serving_column_but_the_equal_one():
     # 33-33-33 is left out because its serving rates are equal: Serving Rate's weights are then Equal Weight's
     assert set(fedcis.COLUMNS) == set(fedcis.TABLE_5_1["CIFAR10"]) - {"33-33-33"}
-    assert {(c.setting, c.method) for c in fedcis.CELLS} == {(col, m) for col in fedcis.COLUMNS
-                                                             for m in fedcis.STRATEGIES}
-    for cell in fedcis.CELLS:
+    assert {(c.setting, c.method) for c in fedcis.CELLS_V2} == {(col, m) for col in fedcis.COLUMNS
+                                                                for m in fedcis.STRATEGIES}
+    for cell in fedcis.CELLS_V2:
         assert cell.config["serving"] == cell.setting and cell.config["aggregation_base"] == "root_local"
         assert cell.config["optimizer_state"] == "kept across rounds (per node)"
     assert fedcis.paper_gain("80-15-5") == pytest.approx(0.043)
@@ -89,3 +89,96 @@ def test_a_v2_cell_runs_two_rounds_with_each_node_keeping_its_optimizer_state():
     out = fedcis.run_cell(Cell("5-15-80", "Serving Rate", config), seed=0)
     assert out["config"]["lambda_tilde"] == [0.05, 0.15, 0.8]
     assert len(out["data_checksum"]) == 64 and out["metrics"]["round"] == [1, 2]
+
+
+def test_v3_cells_and_plans_follow_the_protocol():
+    # protocol v3: R1-R6 every column without aggregating the heads; C1-C4 v2's setting on fresh seeds (from 10)
+    # in the columns whose v2 label changed; planned seeds as its table: 10, 12, 20, 20, 20, 20 / 15, 13, 12, 15
+    assert [(cid, col, heads) for cid, col, heads in fedcis.CLAIMS_V3][:2] == [
+        ("R1", "80-15-5", "heads not aggregated"), ("R2", "60-30-10", "heads not aggregated")]
+    assert [col for cid, col, _ in fedcis.CLAIMS_V3 if cid.startswith("C")] == [
+        "45-35-20", "20-35-45", "10-30-60", "5-15-80"]
+    sizes = {cid: (plan[0], len(plan)) for cid, plan in fedcis.PLAN.items()}
+    assert sizes == {"R1": (0, 10), "R2": (0, 12), "R3": (0, 20), "R4": (0, 20), "R5": (0, 20), "R6": (0, 20),
+                     "C1": (10, 15), "C2": (10, 13), "C3": (10, 12), "C4": (10, 15)}
+    assert set().union(*map(set, fedcis.PLAN.values())) == set(fedcis.SEEDS)
+    assert len(fedcis.CELLS) == 20 and fedcis.CELLS[0].setting == "80-15-5, heads not aggregated"
+    for cell in fedcis.CELLS:
+        c = cell.config
+        assert c["aggregate_heads"] == cell.setting.endswith(", heads aggregated")
+        assert c["aggregation_base"] == "root_local" and c["eval_every"] == 2 and c["rounds"] == 20
+        assert c["serving"] == cell.setting.split(",")[0]
+        # v2's setting but for the evaluation schedule and the new key
+        assert {k: v for k, v in c.items() if k not in ("eval_every", "aggregate_heads", "serving")} == \
+            {k: v for k, v in fedcis.BASE_V2.items() if k not in ("eval_every", "serving")}
+
+
+def test_heads_not_aggregated_marks_exactly_the_heads():
+    config = {**fedcis.BASE_V3, "base_width": 4, "aggregate_heads": False}
+    model, _, rule = fedcis.build(config, "Serving Rate", "root_local")
+    net = model.model
+    heads = sum(t.numel() for h in net.heads for t in h.parameters())
+    assert rule.aggregate_heads is False and int(rule.head_mask.sum()) == heads
+    _, _, rule = fedcis.build({**config, "aggregate_heads": True}, "Serving Rate", "root_local")
+    assert rule.aggregate_heads is True and rule.head_mask is None
+    _, _, rule = fedcis.build(fedcis.BASE_V2, "Serving Rate", "root_local")  # v2's configs have no key
+    assert rule.aggregate_heads is True
+
+
+def test_a_v3_cell_runs_two_rounds_on_a_tiny_stand_in():
+    config = {**fedcis.CELLS[0].config, "base_width": 4, "rounds": 2, "eval_every": 1, "local_steps": 1,
+              "batch_size": 8, "train_size": 140, "test_size": 40, "synthetic_data": True}
+    out = fedcis.run_cell(Cell(fedcis.CELLS[0].setting, "Serving Rate", config), seed=0)
+    assert out["metrics"]["round"] == [1, 2] and out["config"]["lambda_tilde"] == [0.8, 0.15, 0.05]
+
+
+def _v3_record(setting: str, method: str, seed: int, final: float, late: float = 0.0) -> dict:
+    # evaluations every 2 rounds; the curve is flat at `final` but for round 18 at `final - late`
+    curve = [final] * 10
+    curve[8] = final - late
+    return {"protocol": "v3", "setting": setting, "method": method, "seed": seed,
+            "metrics": {"round": list(range(2, 21, 2)), **{k: list(curve) for k in fedcis.KEYS}},
+            "config": {"lambda_tilde": [1 / 3] * 3}}
+
+
+def test_v3_claim_decided_on_the_holm_interval_with_the_convergence_check():
+    """R1 (80-15-5, heads not aggregated), seeds 0-9: Serving Rate - Equal Weight = 6 pp +- 0.5 pp alternating, so
+    sd = 0.5 sqrt(10/9) = 0.52705 pp. The other 9 claims have no record (no p-value: ordered last), so Holm's first
+    step puts R1 at level 1 - 0.05/10 = 0.995: half-width t_{0.9975, 9} sd / sqrt(10) = 3.68966 x 0.16667 =
+    0.61494 pp -> [5.39, 6.61] pp above 0: reproduced. With Equal Weight's seed-mean curve 0.6 pp lower at round 18
+    than at 20, |tail_change| = 0.6 pp >= 0.5 pp: not converged."""
+    def records(late: float) -> list[dict]:
+        out = []
+        for seed in range(10):
+            d = 0.06 + 0.005 * (1 if seed % 2 else -1)
+            out += [_v3_record("80-15-5, heads not aggregated", "Serving Rate", seed, 0.70 + d),
+                    _v3_record("80-15-5, heads not aggregated", "Equal Weight", seed, 0.70, late)]
+        return out
+
+    claims = fedcis._v3_claims(records(0.004))
+    r1 = claims["R1"]
+    assert r1["holm"][1] == pytest.approx(0.06 - 0.0061494, abs=1e-6)
+    assert r1["holm"][2] == pytest.approx(0.06 + 0.0061494, abs=1e-6)
+    assert r1["tails"]["Equal Weight"] == pytest.approx(0.004) and r1["decision"].label == "reproduced"
+    assert claims["R2"]["decision"].text() == "pending (0/12 seeds)"
+    assert fedcis._v3_claims(records(0.006))["R1"]["decision"].label == "not converged"
+
+
+def test_v3_ablation_pairs_v2_records_with_the_released_code_runs():
+    """80-15-5, seeds 0-9: v2's gain (heads aggregated) 6 pp every seed, v3's (heads not) 2 pp +- 1 pp alternating:
+    the difference is 4 pp -+ 1 pp, sd = sqrt(10/9) = 1.05409 pp, raw half-width t_{0.975, 9} x 1.05409 / sqrt(10) =
+    2.26216 x 0.33333 = 0.75405 pp: [3.2, 4.8]. The other columns have no pair: Holm's first step is 1 - 0.05/6."""
+    from lightning_fedhet.experiments import new_figure
+
+    v2, v3 = [], []
+    for seed in range(10):
+        v2 += [_v2_record("80-15-5", "Serving Rate", seed, 0.76), _v2_record("80-15-5", "Equal Weight", seed, 0.70)]
+        d = 0.02 + 0.01 * (1 if seed % 2 else -1)
+        v3 += [_v3_record("80-15-5, heads not aggregated", "Serving Rate", seed, 0.70 + d),
+               _v3_record("80-15-5, heads not aggregated", "Equal Weight", seed, 0.70)]
+    fig, axes = new_figure()
+    lines, summaries = fedcis._v3_section(v3, v2, axes[0])
+    row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| 80-15-5 | 10 |"))
+    assert "| 6.0 pp [6.0, 6.0] | 2.0 pp [1.2, 2.8] | 4.0 pp [3.2, 4.8] |" in row
+    assert row.endswith("aggregating the heads adds to the gain |")
+    assert len(summaries) == 10

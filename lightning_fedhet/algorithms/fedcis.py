@@ -48,6 +48,23 @@ Every named strategy sums to 1 (the released code normalises every ``Lt``).
    back (it accumulates them in ``classifiers[e_block - 1]`` but applies ``classifiers[block]`` for the blocks 3 and
    9, which hold nothing), so in the authors' runs every head stays the root's own. Here the heads are aggregated;
    the blocks agree with the released code within 9e-16 (``scripts/referee/fedcis.py``), the heads do not.
+
+   *Exit heads* (``aggregate_heads``). Algorithm 6, line 11, aggregates each node's whole trained sub-model, its
+   exit's head included: ``aggregate_heads=True`` (default), with either base. The released ``aggregate()`` (commit
+   7c7f1bc) aggregates no head at all, as just said: ``aggregate_heads=False`` does what it does. Every coordinate of
+   ``head_mask`` (bool ``[d]``, the parameters of every exit's head, e.g. ``exit_masks(module, [[h] for h in
+   net.heads]).any(0)``) is left out of every node's term, so the global heads are:
+
+   - ``"root_local"``: the root's own, ``w_{t+1} = w_t + delta_r`` on the head coordinates (the released code, whose
+     global model *is* the root's and whose ``broadcast()`` then copies those heads to every node). At ``p = 0`` the
+     root trains its deepest exit only, so the heads of the other exits keep their initial values for the whole run
+     and every other node's trained head is dropped each round;
+   - ``"literal"``: unchanged, ``w_{t+1} = w_t`` on the head coordinates (the released ``aggregate()`` applied to a
+     global model kept apart from the root's: its heads never move).
+
+   The blocks are aggregated exactly as with the heads (``exit_masks`` and ``head_mask`` may overlap only on head
+   coordinates, which are then dropped). ``scripts/referee/fedcis.py`` compares both bases with the released
+   ``aggregate()``.
 3. *Meaning of p.* A scalar ``p`` is the thesis's parametrisation (§5.4, App. G: "the probability that a given
    client will train **each** of its smaller exits"): ``p_{i,e} = p`` for ``e < E_i`` and
    ``p_{i,E_i} = 1 - (E_i - 1) p`` (:func:`sampling_matrix`), so ``0 <= p <= 1 / (max_i E_i - 1)``. Any other
@@ -160,6 +177,10 @@ class FedCIS(Algorithm):
         exit_masks: bool ``[E, d]``, coordinate ``j`` of the flat vector belongs to exit ``e``'s sub-model; required
             by ``"root_local"`` (and only used there), checked against ``d`` at :meth:`setup`. See
             :func:`exit_masks`.
+        aggregate_heads: ``True`` (Algorithm 6 as written, default): the exits' heads are aggregated like the rest of
+            each sub-model; ``False`` (the released code): they are not (module docstring, point 2).
+        head_mask: bool ``[d]``, coordinate ``j`` belongs to an exit's head; required by ``aggregate_heads=False``
+            (and only used there), checked against ``d`` at :meth:`setup`.
 
     Attributes:
         p_matrix: ``[N, E]`` float64 exit-sampling probabilities.
@@ -195,6 +216,8 @@ class FedCIS(Algorithm):
         correct_participation: bool = False,
         aggregation_base: str = "literal",
         exit_masks: Tensor | None = None,
+        aggregate_heads: bool = True,
+        head_mask: Tensor | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(topology, CISTopology):
@@ -217,9 +240,28 @@ class FedCIS(Algorithm):
                 )
         elif exit_masks is not None:
             raise ValueError("exit_masks only applies to aggregation_base='root_local'")
+        check_bool(aggregate_heads, "aggregate_heads")
+        if not aggregate_heads:
+            if head_mask is None:
+                raise ValueError(
+                    "aggregate_heads=False needs head_mask (bool [d]: the coordinates of the exits' heads), e.g. "
+                    "fedcis.exit_masks(module, [[head] for head in net.heads]).any(0)"
+                )
+            head_mask = torch.as_tensor(head_mask)
+            if head_mask.dtype != torch.bool or head_mask.dim() != 1 or not head_mask.any():
+                raise ValueError(
+                    f"head_mask must be a bool tensor of shape [d] marking at least one coordinate, got dtype "
+                    f"{head_mask.dtype}, shape {tuple(head_mask.shape)}"
+                )
+            head_mask = head_mask.clone()
+        elif head_mask is not None:
+            raise ValueError("head_mask only applies to aggregate_heads=False")
+        self.aggregate_heads = bool(aggregate_heads)
+        self.head_mask = head_mask
         self.topology = topology
         self.aggregation_base = aggregation_base
         self.exit_masks = None if exit_masks is None else check_exit_masks(exit_masks, topology.num_exits)
+        self._term_masks = self.exit_masks  # setup() takes the heads out where they are not aggregated
         self.num_exits = topology.num_exits
         self.server_lr = float(server_lr)
         self.prob_weighting = prob_weighting
@@ -272,6 +314,7 @@ class FedCIS(Algorithm):
             "flops_schedule": self.flops_schedule,
             "correct_participation": self.correct_participation,
             "aggregation_base": self.aggregation_base,
+            "aggregate_heads": self.aggregate_heads,
         }
 
     def _sizes(self) -> Tensor:
@@ -325,9 +368,21 @@ class FedCIS(Algorithm):
                 f"exit_masks has {self.exit_masks.shape[1]} columns but the parameter vector has d = "
                 f"{init_params.numel()} entries"
             )
+        if self.head_mask is not None and self.head_mask.numel() != init_params.numel():
+            raise ValueError(
+                f"head_mask has {self.head_mask.numel()} entries but the parameter vector has d = "
+                f"{init_params.numel()} entries"
+            )
         super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.exit_masks is not None:
             self.exit_masks = self.exit_masks.to(self.params.device)
+        if self.head_mask is not None:
+            self.head_mask = self.head_mask.to(self.params.device)
+        # the coordinates a node's term may move: its exit's sub-model (root_local), without the heads if they are
+        # not aggregated; the root's base (its whole delta) is not masked
+        self._term_masks = self.exit_masks
+        if self.head_mask is not None and self.exit_masks is not None:
+            self._term_masks = self.exit_masks & ~self.head_mask
         self.exits = torch.zeros(self.num_clients, dtype=torch.int64)
         self._draw_round = None
 
@@ -377,6 +432,8 @@ class FedCIS(Algorithm):
         self._check_update(client, delta, self._sum, self._sum)
         w = float(self._coef[client])
         if self.aggregation_base == "literal":
+            if self.head_mask is not None:  # aggregate_heads=False: the heads stay w_t
+                delta = torch.where(self.head_mask, 0.0, delta.to(self.params))
             self._sum.add(client, delta, w)
             return
         if client == self.root:
@@ -385,7 +442,7 @@ class FedCIS(Algorithm):
             self._sum.add(client, delta, 1.0, coef=0.0)
             return
         e = int(self.exits[client])
-        mask = self.exit_masks[e - 1]
+        mask = self._term_masks[e - 1]
         self._sum.add(client, torch.where(mask, delta.to(self.params), 0.0), w)  # a_c M_e ⊙ delta_c
 
     def round_shares(self) -> RoundShares:
@@ -416,7 +473,7 @@ class FedCIS(Algorithm):
                 # - sum_e A_e M_e ⊙ delta_r, then the base w_r = w_t + delta_r
                 for e, a in enumerate(self._exit_coefficients()):
                     if a != 0.0:
-                        step.sub_(torch.where(self.exit_masks[e], self._root_delta, 0.0), alpha=a)
+                        step.sub_(torch.where(self._term_masks[e], self._root_delta, 0.0), alpha=a)
                 self.params = self.params + self._root_delta + self.server_lr * step
             else:
                 self.params = self.params + self.server_lr * step

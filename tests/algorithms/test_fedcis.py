@@ -553,7 +553,8 @@ def test_exit_data_sizes_and_options_are_reported():
     algo.setup(3, torch.ones(3), client_sizes=torch.tensor([6, 2, 4]))
     torch.testing.assert_close(algo.exit_data_sizes(), torch.tensor([12.0, 6.0], dtype=torch.float64))
     assert algo.hparams() == {"lambda_tilde": "equal", "p": 0.25, "server_lr": 0.5, "prob_weighting": "direct",
-                              "flops_schedule": "static", "correct_participation": True, "aggregation_base": "literal"}
+                              "flops_schedule": "static", "correct_participation": True, "aggregation_base": "literal",
+                              "aggregate_heads": True}
     matrix = FedCIS(three_node_topology(), lambda_tilde=[3.0, 1.0], p=[[0.5, 0.5], [1.0, 0.0], [1.0, 0.0]])
     assert matrix.hparams()["p"] == "matrix" and matrix.hparams()["lambda_tilde"] == [0.75, 0.25]
     assert algo.exits.dtype == torch.int64 and algo.selection_probs(0).dtype == torch.float64
