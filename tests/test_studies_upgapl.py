@@ -75,7 +75,7 @@ def test_the_near_and_udmapl_rules():
 
 
 def test_v2_cells_take_their_step_sizes_from_the_thesis_grid_and_record_the_data():
-    assert upgapl.STUDY.protocol == "v2" and {c.method for c in upgapl.CELLS} == set(upgapl.METHODS)
+    assert {c.method for c in upgapl.CELLS} == set(upgapl.METHODS)
     for cell in upgapl.CELLS:
         assert cell.config["lr_schedule"] == "constant"
         assert any(math.isclose(cell.config["lr"], g) for g in upgapl.THESIS_GRID)
@@ -109,3 +109,65 @@ def test_a_v2_page_with_records_labels_u2_and_keeps_the_estimate(tmp_path):
     u2 = next(s for s in summaries if s.claim.startswith("v2, U2"))
     assert u2.verdict.startswith("not testable here (needs ")
     assert "-1.0 pp" in u2.ours
+
+
+def test_v3_picks_sit_inside_their_extended_grid_and_the_study_runs_v3_on_fresh_seeds():
+    # protocol v3: the grid extended upwards to 10^0.5 so that no pick is at an edge; seeds 20-31 (none of v1/v2's 0-9
+    # nor the pilots' 100, 101)
+    assert upgapl.STUDY.protocol == "v3" and upgapl.STUDY.seeds == tuple(range(20, 32))
+    assert {c.method for c in upgapl.CELLS_V3} == set(upgapl.METHODS)
+    grid = sorted(upgapl.V3_GRID)
+    assert math.isclose(grid[-1], 10 ** 0.5) and len(grid) == 8
+    for cell in upgapl.CELLS_V3:
+        lr = cell.config["lr"]
+        assert grid[0] < lr < grid[-1] and any(math.isclose(lr, g) for g in grid)
+    assert upgapl.CELLS_V3[2].method == "UDMA-PL" and upgapl.CELLS_V3[2].config["lr"] == 1.0
+
+
+def _v3_record(method, seed, final, swing=0.0):
+    """A v3 record whose accuracy is ``final`` at every evaluation (``swing`` added on alternate evaluations)."""
+    rounds = list(range(5, 201, 5))
+    acc = [final + (swing if k % 2 else -swing) for k in range(len(rounds))]
+    cell = next(c for c in upgapl.CELLS_V3 if c.method == method)
+    return {"study": "upgapl", "protocol": "v3", "setting": cell.setting, "method": method, "seed": seed,
+            "commit": "abc", "dirty": False, "engine": "vmap", "device": "cpu", "torch": "2", "wall_s": 1.0,
+            "cpu_s": 1.0, "config": cell.config,
+            "metrics": {"round": rounds, "val_acc": acc, "received_per_round": [5] * 200, "empty_rounds": [0]}}
+
+
+def test_v3_claims_follow_the_decision_rule_on_bonferroni_intervals(tmp_path):
+    # 12 seeds. UPGA-PL - DMA-PL alternates +3 / +5 pp: mean 4 pp, SD 1.044 pp; the Bonferroni (m = 4) interval at
+    # 98.75 % with 11 df (t = 3.106) is 4 +- 3.106 * 1.044 / sqrt(12) = 4 +- 0.94 pp: above 0 -> reproduced.
+    # UPGA-PL - lossless = -5 pp on every seed (SD 0): the interval is [-5, -5], wholly below -1 pp -> not reproduced.
+    # UDMA-PL final 60 % +- 1 pp alternating: its interval lies inside 50-70 % -> U3b reproduced; its swing of 10 pp
+    # gives an oscillation above UPGA-PL's 0 on every seed -> U3a reproduced.
+    records = []
+    for seed in range(20, 32):
+        up = 0.90
+        records += [_v3_record("UPGA-PL", seed, up), _v3_record("DMA-PL", seed, up - (0.03 if seed % 2 else 0.05)),
+                    _v3_record("FedAvg (lossless)", seed, up + 0.05),
+                    _v3_record("UDMA-PL", seed, 0.60 + (0.01 if seed % 2 else -0.01), swing=0.10)]
+    verdicts = {s.claim.split(":")[0]: s for s in upgapl.write_report(records, tmp_path)}
+    assert verdicts["v3, U1"].verdict == "reproduced"
+    assert "4.0 pp [3.1, 4.9]" in (tmp_path / "upgapl.md").read_text()
+    assert verdicts["v3, U2"].verdict == "not reproduced"
+    assert verdicts["v3, U3a"].verdict == "reproduced" and verdicts["v3, U3b"].verdict == "reproduced"
+    # one seed fewer: every claim is pending
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(
+        [r for r in records if r["seed"] != 31], tmp_path)}
+    assert all(verdicts[k].startswith("pending") for k in ("v3, U1", "v3, U2", "v3, U3a", "v3, U3b"))
+
+
+def test_v3_a_cell_that_still_moves_gets_no_verdict(tmp_path):
+    # DMA-PL's accuracy rises by 2 pp between the windows (rounds 161-180 -> 181-200): |change| 2 pp > 1 pp
+    records = []
+    for seed in range(20, 32):
+        records += [_v3_record("UPGA-PL", seed, 0.95), _v3_record("FedAvg (lossless)", seed, 0.95),
+                    _v3_record("UDMA-PL", seed, 0.6)]
+        moving = _v3_record("DMA-PL", seed, 0.80)
+        moving["metrics"]["val_acc"] = [0.80 if r <= 180 else 0.82 for r in moving["metrics"]["round"]]
+        records.append(moving)
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
+    assert verdicts["v3, U1"] == "not converged"
+    assert verdicts["v3, U2"] != "not converged"  # UPGA-PL and lossless are settled
+    assert "+2.00 pp" in (tmp_path / "upgapl.md").read_text()

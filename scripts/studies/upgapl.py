@@ -35,8 +35,12 @@ from lightning_fedhet.experiments import (
     band,
     by_seed,
     compute_used,
+    decide_paired,
+    decide_within,
+    family_intervals,
     fmt_ci,
     fmt_mean_ci,
+    grid_place,
     markdown_table,
     mean_ci,
     new_figure,
@@ -45,10 +49,11 @@ from lightning_fedhet.experiments import (
     provenance_table,
     save_figure,
     seeds_done,
+    tail_change,
     verdict_for_gain,
 )
 
-from . import _power, _repo, _train
+from . import _power, _repo, _train, _v3
 
 METHODS = ("UPGA-PL", "DMA-PL", "UDMA-PL", "FedAvg (lossless)")
 PAPER_GAIN = 0.12  # Fig. 4.1b: UPGA-PL over the state of the art (DMA-PL) on Synthetic LEAF, in accuracy
@@ -207,7 +212,20 @@ SETTINGS_V2 = {
 }
 CELLS = tuple(Cell(setting, m, make_config(m, lrs[m], **over))
               for setting, (over, lrs) in SETTINGS_V2.items() for m in METHODS)
-SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10))}
+#: Protocol v3: the thesis's grid extended upwards until every rule's pick is interior; picks on pilot seeds 100 and
+#: 101 (v2's pilot for the values up to 1e-1, v3's for 10^-1.5 and above; protocol v3, "Pilots").
+V3_GRID = (1e-3, 10 ** -2.5, 1e-2, 10 ** -1.5, 1e-1, 10 ** -0.5, 1.0, 10 ** 0.5)
+V3_PICKS = {"UPGA-PL": 1e-1, "DMA-PL": 1e-1, "UDMA-PL": 1.0, "FedAvg (lossless)": 1e-1}
+SETTINGS_V3 = {
+    "extended-grid": ({"lr_schedule": "constant", "lr_decay_rounds": None, "lr_grid": list(V3_GRID)}, V3_PICKS),
+}
+CELLS_V3 = tuple(Cell(setting, m, make_config(m, lrs[m], **over))
+                 for setting, (over, lrs) in SETTINGS_V3.items() for m in METHODS)
+#: protocol v3's fresh confirmatory seeds (80 % power for U1 at the contributions list's 5 pp from v2's paired SD)
+SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10)), "v3": tuple(range(20, 32))}
+#: protocol v3's convergence check: |tail_change| of a cell's seed-mean accuracy curve below this; 1 pp, and 5 pp for
+#: UDMA-PL, whose accuracy swings by about 10 pp between evaluations by design (U3; protocol v3, "Convergence")
+CONVERGENCE_BOUNDS = {"UPGA-PL": 0.01, "DMA-PL": 0.01, "UDMA-PL": 0.05, "FedAvg (lossless)": 0.01}
 
 
 def final_acc(record: dict) -> float:
@@ -231,11 +249,13 @@ def oscillation(record: dict) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-PRIMARY = {"v1": "decaying", "v2": "thesis-grid"}
+PRIMARY = {"v1": "decaying", "v2": "thesis-grid", "v3": "extended-grid"}
 SETTING_TEXT = {
     "decaying": "step size eta_t = eta_0 * 10 / (10 + t) (Theorem 4.3.1's form)",
     "constant": "constant step size 0.05 for every rule (the earlier page's recipe, not tuned)",
     "thesis-grid": "constant step size per rule, picked from the thesis's grid {1e-3, ..., 1e-1} on pilot seeds",
+    "extended-grid": "constant step size per rule, picked from the thesis's grid extended upwards to 10^0.5 on pilot "
+                     "seeds, every pick interior",
 }
 CLAIMS = {
     "U1": ("UPGA-PL beats the state of the art, DMA-PL, on Synthetic LEAF (Fig. 4.1b)",
@@ -323,8 +343,13 @@ def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int
         verdicts["U3"] = (f"UDMA-PL {fmt_ci(*acc)} %; oscillation − UPGA-PL's "
                           + fmt_ci(*od[:3], unit=" pp") + f", {od[3]} seeds",
                           pending or _verdict_udmapl(acc[0], od))
+    compared = {"U1": "DMA-PL", "U2": "FedAvg (lossless)"}
     for claim, ruled_out in (not_testable or {}).items():
         if claim in verdicts:
+            _, lo, hi, _ = diffs[compared[claim]]
+            if lo > 0 or hi < 0:  # a resolved sign is never "not testable": say what the interval excludes
+                ruled_out = (f"not testable here (registered v2 rule: {ruled_out[ruled_out.find('(') + 1:-1]}; the "
+                             "interval excludes 0: see the v3 label below)")
             verdicts[claim] = (verdicts[claim][0], ruled_out)
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
@@ -349,6 +374,114 @@ def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
     return rows, ruled_out
 
 
+# ------------------------------------------------------------------------------------------ the v3 decision rule
+def _fmt_pp(mean: float, lo: float, hi: float) -> str:
+    return fmt_ci(mean, lo, hi, unit=" pp")
+
+
+def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> list[str]:
+    """Protocol v2's claims under the v3 rule, beside the labels v2 registered ("v2 records, v3 rule")."""
+    methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
+    if len(methods) < len(METHODS):
+        return []
+    finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
+    osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
+    planned = len(SEEDS_BY_PROTOCOL["v2"])
+    r = _v3.relabel({"U1": (finals["UPGA-PL"], finals["DMA-PL"], PAPER_GAIN),
+                     "U3 (oscillation)": (osc["UDMA-PL"], osc["UPGA-PL"], None)}, planned)
+    mean, lo, hi, n = paired(finals["UPGA-PL"], finals["FedAvg (lossless)"])
+    u2 = decide_within(lo, hi, NEAR_MARGIN, n, planned, mean=mean)
+    rows = [("U1: UPGA-PL − DMA-PL", _fmt_pp(r["U1"].raw.mean, r["U1"].raw.lo, r["U1"].raw.hi),
+             _v3.registered(registered.get("U1", ""), r["U1"].raw), *_v3.cells(r["U1"], _fmt_pp)),
+            ("U2: UPGA-PL − lossless, within ±1 pp", _fmt_pp(mean, lo, hi),
+             registered.get("U2", ""), "–", f"**{u2.text()}**", "–"),
+            ("U3: oscillation, UDMA-PL − UPGA-PL", _fmt_pp(r["U3 (oscillation)"].raw.mean,
+                                                         r["U3 (oscillation)"].raw.lo, r["U3 (oscillation)"].raw.hi),
+             registered.get("U3", ""), *_v3.cells(r["U3 (oscillation)"], _fmt_pp))]
+    return [_v3.note(2, "U1 and U3's oscillation difference; U2 is an equivalence claim, labelled by "
+                        "`decide_within` on its raw interval: inside ±1 pp reproduced, wholly outside not reproduced, "
+                        "else inconclusive"),
+            markdown_table(("claim", "ours (raw 95 % CI)", "v2 label (registered rule)", *_v3.HEADER), rows), ""]
+
+
+def _cell_checks(recs: list[dict], method: str) -> tuple[float, bool, str]:
+    """A v3 cell's convergence check (``tail_change`` of its seed-mean curve, and whether it is below the bound) and
+    its learning rate's place in the grid."""
+    runs = [r for r in recs if r["method"] == method]
+    rounds = runs[0]["metrics"]["round"]
+    curve = np.mean([r["metrics"]["val_acc"] for r in runs], axis=0)
+    change = tail_change(rounds, curve)
+    cfg = runs[0]["config"]
+    return change, abs(change) < CONVERGENCE_BOUNDS[method], grid_place(cfg["lr"], cfg["lr_grid"])
+
+
+def _v3_section(recs: list[dict]) -> tuple[list[str], list[Summary]]:
+    """Protocol v3's results: every cell with its convergence check and grid place, the four claims decided by
+    :func:`~lightning_fedhet.experiments.decide` / ``decide_within`` on Bonferroni intervals over the four."""
+    planned = len(SEEDS_BY_PROTOCOL["v3"])
+    methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
+    finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
+    osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
+    checks = {m: _cell_checks(recs, m) for m in methods}
+    rows = [(m, f"{V3_PICKS[m]:g}", checks[m][2], fmt_mean_ci(list(finals[m].values())),
+             fmt_mean_ci(list(osc[m].values())), f"{100 * checks[m][0]:+.2f} pp",
+             ("yes" if checks[m][1] else "**no**") + f" (< {100 * CONVERGENCE_BOUNDS[m]:g} pp)",
+             seeds_done(len(finals[m]), planned)) for m in methods]
+    lines = [f"#### Setting `extended-grid`: {SETTING_TEXT['extended-grid']}\n",
+             markdown_table(("rule", "eta_0", "place in the grid", "final acc. % (last 10 % of rounds)",
+                             "oscillation (pp)", "convergence: change over the last 20 % of rounds "
+                             "(seed-mean curve)", "converged", "seeds"), rows)]
+
+    def pairs(a: dict, b: dict) -> list[float]:
+        return [a[k] - b[k] for k in sorted(set(a) & set(b))]
+
+    def ok(*ms: str) -> tuple[bool, bool]:
+        return all(checks[m][1] for m in ms if m in checks), all(checks[m][2] == "interior" for m in ms if m in checks)
+
+    def get(d: dict, m: str) -> dict:
+        return d.get(m, {})
+
+    diffs = {"U1": pairs(get(finals, "UPGA-PL"), get(finals, "DMA-PL")),
+             "U2": pairs(get(finals, "UPGA-PL"), get(finals, "FedAvg (lossless)")),
+             "U3a": pairs(get(osc, "UDMA-PL"), get(osc, "UPGA-PL")),
+             "U3b": [v - 0.6 for v in get(finals, "UDMA-PL").values()]}
+    bonf = family_intervals(diffs, method="bonferroni")
+    raw = family_intervals(diffs, method="none")
+    conv, grid = ok("UPGA-PL", "DMA-PL")
+    u1 = decide_paired(get(finals, "UPGA-PL"), get(finals, "DMA-PL"), PAPER_GAIN, planned, interval=bonf["U1"][1:],
+                       converged=conv, lr_interior=grid)
+    conv, grid = ok("UPGA-PL", "FedAvg (lossless)")
+    u2 = decide_within(*bonf["U2"][1:], NEAR_MARGIN, len(diffs["U2"]), planned, mean=bonf["U2"][0], converged=conv,
+                       lr_interior=grid)
+    conv, grid = ok("UDMA-PL", "UPGA-PL")
+    u3a = decide_paired(get(osc, "UDMA-PL"), get(osc, "UPGA-PL"), None, planned, interval=bonf["U3a"][1:],
+                        converged=conv, lr_interior=grid)
+    conv, grid = ok("UDMA-PL")
+    lo3, hi3 = bonf["U3b"][1:]
+    u3b = decide_within(lo3, hi3, 0.1, len(diffs["U3b"]), planned, mean=bonf["U3b"][0], converged=conv,
+                        lr_interior=grid)
+    claims = (("U1", "UPGA-PL − DMA-PL (paper +12 pp)", u1, raw["U1"], 100.0, " pp", 0.0),
+              ("U2", "UPGA-PL − lossless FedAvg, within ±1 pp", u2, raw["U2"], 100.0, " pp", 0.0),
+              ("U3a", "oscillation: UDMA-PL − UPGA-PL (UDMA-PL oscillates)", u3a, raw["U3a"], 100.0, " pp", 0.0),
+              ("U3b", "UDMA-PL's final accuracy in 50-70 %", u3b, raw["U3b"], 100.0, " %", 0.6))
+    rows, summaries = [], []
+    for cid, what, d, r, scale, unit, shift in claims:
+        ours = fmt_ci(r[0] + shift, r[1] + shift, r[2] + shift, scale=scale, unit=unit)
+        adj = fmt_ci(d.mean + shift, d.lo + shift, d.hi + shift, scale=scale, unit=unit)
+        rows.append((cid, what, ours, adj, f"**{d.text()}**"))
+        claim = CLAIMS["U3" if cid.startswith("U3") else cid]
+        summaries.append(Summary(f"v3, {cid}: {claim[0]}" + (" (oscillation)" if cid == "U3a" else " (range)"
+                                                               if cid == "U3b" else ""),
+                                 claim[1], f"{ours} ({len(diffs[cid])} seeds)", d.text()))
+    lines += ["\nClaims, decided by `lightning_fedhet.experiments.decide` (U1, U3a) and `decide_within` (U2: the "
+              "difference inside ±1 pp; U3b: UDMA-PL's accuracy inside 50-70 %) on **Bonferroni intervals over the "
+              "four claims** (98.75 % each: family-wise 95 %), the raw 95 % interval beside; a claim whose cells "
+              "are not converged or tuned at a grid edge gets no verdict:\n",
+              markdown_table(("claim", "comparison", "ours (raw 95 % CI)", "deciding interval (Bonferroni, 4 claims)",
+                              "v3 label"), rows), ""]
+    return lines, summaries
+
+
 SETTING_V1_TEXT = (
     "LEAF Synthetic(1, 1), N = 10 clients, multinomial logistic regression with ridge 5e-4 (SGD weight decay), "
     "alpha_i = |D_i|/|D|; a seeded random half of the clients loses its uploads with probability q = 0.1, the "
@@ -363,25 +496,34 @@ SETTING_V2_TEXT = (
     "records carry the sha256 of the training data.\n")
 
 
+SETTING_V3_TEXT = (
+    "As v2, with the thesis's grid extended upwards (10^-0.5, 1, 10^0.5) until every rule's pick is interior (pilot "
+    "seeds 100 and 101), fresh seeds 20-31, a convergence check per cell, and the claims decided by the v3 rule "
+    "(`lightning_fedhet.experiments.decide`) on Bonferroni intervals over the page's four claims.\n")
+
+
 def write_report(records: list[dict], out: Path) -> list[Summary]:
     """``out/upgapl.md`` and ``out/upgapl/*.png`` from the records (every protocol version)."""
     name = "upgapl"
     lines = [
         "# UPGA-PL under lossy uplinks (thesis ch. 4, Fig. 4.1)\n",
         "Generated by `python scripts/reproduce.py report` from the run records in "
-        f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md) and [v2]({name}/protocol-v2.md) "
-        "(each committed before its runs; each lists the thesis's setting beside ours with every departure).\n",
+        f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md), [v2]({name}/protocol-v2.md) and "
+        f"[v3]({name}/protocol-v3.md) (each committed before its runs; each lists the thesis's setting beside ours "
+        "with "
+        "every departure).\n",
         "## Claims (quoted in the protocols)\n",
         markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis shows these as curves (10 seeds) and states the gaps in its text; it gives no table.\n",
         "## Settings\n",
         "Protocol v1: " + SETTING_V1_TEXT,
         "Protocol v2: " + SETTING_V2_TEXT,
+        "Protocol v3: " + SETTING_V3_TEXT,
     ]
     summaries: list[Summary] = []
     rows, ruled_out = power_rows(records)
-    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2}
-    for protocol in ("v2", "v1"):
+    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2, "v3": SETTINGS_V3}
+    for protocol in ("v3", "v2", "v1"):
         recs = [r for r in records if r["protocol"] == protocol]
         seeds = SEEDS_BY_PROTOCOL[protocol]
         lines.append(f"## Results, protocol {protocol}\n")
@@ -391,6 +533,19 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
                       f"margin); a claim that needs more than the {len(seeds)} planned seeds is **not testable "
                       "here** (its estimate is still shown).\n",
                       markdown_table(_power.POWER_HEADER, rows), ""]
+        if protocol == "v3":
+            if recs:
+                text, found = _v3_section(recs)
+                lines += text
+                summaries += found
+                fig = f"{name}/accuracy-{protocol}.png"
+                _plot(recs, list(SETTINGS_V3), out / fig, "UPGA-PL study, protocol v3: test accuracy, mean and 95 % "
+                      "CI over seeds (n in legend)")
+                lines += [f"![test accuracy against rounds]({fig})\n", f"Compute: {compute_used(recs)}.\n"]
+            else:
+                lines.append("No records yet: every claim is **pending**.\n")
+                summaries += [Summary(f"v3, {k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
+            continue
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
             summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", ruled_out.get(k, "pending")
@@ -401,6 +556,9 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
             text, verdicts = _setting_section([r for r in recs if r["setting"] == setting], protocol, setting,
                                               len(seeds), ruled_out if protocol == "v2" else None)
             lines.append(text)
+            if protocol == "v2" and setting == PRIMARY["v2"]:
+                lines += ["", *_v2_relabel([r for r in recs if r["setting"] == setting],
+                                           {k: v for k, (_, v) in verdicts.items()})]
             for k, (ours, verdict) in verdicts.items():
                 label = "" if setting == PRIMARY[protocol] else f" [setting {setting}]"
                 summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
@@ -416,7 +574,7 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "a GPU session).\n",
         "## Reproduce\n",
         "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 0-9   # the missing runs only",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 20-31   # protocol v3's missing runs",
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
@@ -427,14 +585,14 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 1})
+CANARY = Cell(CELLS_V3[0].setting, CELLS_V3[0].method, {**CELLS_V3[0].config, "rounds": 2, "eval_every": 1})
 
 STUDY = _repo.study(
     name="upgapl",
     title="UPGA-PL (thesis ch. 4)",
-    protocol="v2",
-    seeds=SEEDS_BY_PROTOCOL["v2"],
-    cells=CELLS,
+    protocol="v3",
+    seeds=SEEDS_BY_PROTOCOL["v3"],
+    cells=CELLS_V3,
     run=run_cell,
     report=write_report,
     threads=1,
