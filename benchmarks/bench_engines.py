@@ -267,14 +267,16 @@ def run_strategy(task: Task, rounds: int, engine: str, seed: int = 0, **options)
     return per_round(clock.marks)
 
 
-def run_seeds(task: Task, rounds: int, num_seeds: int, compile: bool) -> tuple[float, float]:
-    """``fit_seeds`` with ``num_seeds`` seeds of the task: (s per round of all seeds together, first round s)."""
+def run_seeds(task: Task, rounds: int, num_seeds: int, compile: bool, device: str = "cpu") -> tuple[float, float]:
+    """``fit_seeds`` with ``num_seeds`` seeds of the task on ``device``: (s per round of all seeds together, first
+    round s)."""
     from lightning_fedhet.multiseed import fit_seeds
 
     marks: list[float] = []
 
     def mark(module, seed, round) -> dict:
         if seed == 0:
+            sync(device)
             marks.append(clock())
         return {}
 
@@ -286,6 +288,7 @@ def run_seeds(task: Task, rounds: int, num_seeds: int, compile: bool) -> tuple[f
         rounds,
         eval_every=1,
         evaluate=mark,
+        device=device,
     )
     return per_round(marks), marks[0] - start
 
@@ -295,21 +298,29 @@ def _no_log_step(self, batch, batch_idx):
     return F.cross_entropy(self(x), y)
 
 
-def run_central(task: Task, rounds: int) -> float:
-    """One model, batch = cohort x batch size, K steps per round: the physical limit for the same samples."""
+def run_central(task: Task, rounds: int, device: str = "cpu") -> float:
+    """One model, batch = cohort x batch size, K steps per round: the physical limit for the same samples (on
+    ``device``, the whole data set there beforehand)."""
     torch.manual_seed(0)
-    model = create(task.model, **task.model_kwargs)
+    model = create(task.model, **task.model_kwargs).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=task.lr)
-    x_all, y_all = task.dataset.tensors
+    x_all, y_all = (t.to(device) for t in task.dataset.tensors)
     marks = []
     for cohort in schedule(task, rounds):
         for k in range(task.local_steps):
-            index = torch.from_numpy(np.concatenate([batches[k] for _, batches in cohort]))
+            index = torch.from_numpy(np.concatenate([batches[k] for _, batches in cohort])).to(device)
             opt.zero_grad()
             F.cross_entropy(model(x_all[index]), y_all[index]).backward()
             opt.step()
+        sync(device)
         marks.append(clock())
     return per_round(marks)
+
+
+def sync(device: str | torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA runs asynchronously), so that the clock read next counts it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_flower(task: Task, rounds: int, python: str | None) -> float | None:

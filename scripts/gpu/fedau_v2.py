@@ -1,32 +1,33 @@
-"""FedAU protocol v2's GPU cells (docs/results/fedau/protocol-v2.md): N = 250, the paper's rounds as far as they fit,
-FedAU (K=50) against average participating and average all (and MIFA under the cyclic pattern) in the three
-participation patterns, the protocol's seeds stacked in one ``fit_seeds`` run per cell, vmap on CUDA.
+"""FedAU protocol v2's cells on a GPU (docs/results/fedau/protocol-v2.md): the full horizon, whole cells in the
+protocol's order, resumable over several calls.
 
-The one command (on a GPU machine, from the repository root, Fashion-MNIST's four IDX files in ``.gpu_data/``)::
+Part b of ``scripts/gpu/device_run.py``, which is the one command (its docstring gives the call, the data it needs and
+how the next session resumes). Every cell runs at its protocol's **2,000 rounds**, never fewer: there is no rounds
+option, and :func:`plan` takes the rounds from ``studies.fedau.CELLS``. A cell is FedAU (K=50), average
+participating, average all or MIFA in one participation pattern, its 10 seeds stacked in one
+``studies.fedau.run_seeds`` run (``fit_seeds``: vmap on CUDA).
 
-    PYTHONPATH=. python3 scripts/gpu/fedau_v2.py --data-dir .gpu_data --out "$OUT" --budget-s 330 --commit HASH
-
-(``HASH``: the commit the copied tree is at, recorded when the machine has no git; ``.gpu_data/`` holds copies of
-``/usr/share/datasets/fashion-mnist/*.gz`` and travels with the call.) What it does, in order:
-
-1. starts one worker process per cell (``--workers``; fewer workers take several cells each, in the protocol's
-   order), each loading the data and running a **probe** of ``--probe-rounds`` rounds of its first cell to measure
-   the seconds per round with every worker sharing the GPU;
-2. picks the rounds ``R`` by the protocol's rule: the largest of the ladder (2000, 1000, 500, 250) for which every
-   worker's cells are projected (probe rate x R x cells x 1.15, plus setup) to finish before the budget; if none
-   fits, the smallest;
-3. runs every cell at ``R`` rounds; each finished cell appends its seeds' records, **one JSON line per seed**, to
-   ``$OUT/records.jsonl`` at once (the keys of the studies' records, ``device`` = the GPU's name), so partial
-   results survive a stop; a cell still running at ``--budget-s`` stops at its next evaluation and writes nothing.
-
-Progress goes to stdout with time stamps. ``scripts/gpu/import_records.py`` turns ``records.jsonl`` into record files
-under ``docs/results/records/fedau/v2/``. ``--smoke`` runs a tiny version on the CPU (N = 20, 3 rounds, seeds 0-1,
-two workers) to check the whole path before the GPU call.
+- **Done cells are skipped**: a cell is done when each of its seeds has a record at the cell's configuration (protocol
+  v2, its N and its rounds) in the committed record files ``docs/results/records/fedau/v2/`` (``--records-root``)
+  or in a ``--done`` JSON-lines file (an earlier call's ``records.jsonl``).
+- **Order**: the rest run in the protocol's order of priority (``CELLS``: Bernoulli, cyclic, Markov), one after
+  another in one worker process (``--workers 2``: two processes share the GPU, each taking the next cell when it is
+  free; worth it once a call has measured a cell at well under half the budget, since two cells that share the GPU
+  each take longer and, with nothing measured, may both project past the deadline).
+- **A cell that cannot finish is not started**: before a cell starts, its time is projected from what this call
+  measured (the longest finished cell's wall time, x :data:`SAFETY`; before any cell has finished, the measured or
+  ``--s-per-round`` seconds per round x rounds x :data:`SAFETY` + :data:`SETUP_GUESS_S`); when that exceeds the time
+  left, neither it nor any later cell starts. With nothing measured yet, a cell is its own probe: after
+  ``probe_rounds`` rounds, and at every evaluation after that, it projects its end from its own seconds per round
+  (x :data:`SAFETY`, + :data:`TAIL_S`) and stops at once, writing nothing, when that is past the deadline.
+- **Each finished cell is written at once**: its seeds' records, one JSON line per seed, appended to
+  ``$OUT/records.jsonl`` (the studies' record keys; ``device`` the GPU's name); ``$OUT/cells.json`` holds every
+  cell's state (done before / done / abandoned / not started / failed, with times and seconds per round) and is
+  rewritten after every event, so a stopped call leaves it current.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import multiprocessing as mp
@@ -35,41 +36,113 @@ import platform
 import sys
 import time
 import traceback
+from multiprocessing.connection import wait
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[1]
-LADDER = (2000, 1000, 500, 250)
-SAFETY = 1.15  # projected time x this must fit the budget
-STOP_MARGIN_S = 8.0  # cells stop this long before the budget so the records and the summary get written
+STUDY = "fedau"
+PROBE_ROUNDS = 30  # a cell's first projection of its own end (3 evaluations at eval_every = 10)
+SAFETY = 1.1  # projected seconds x this must fit the time left
+SETUP_GUESS_S = 20.0  # a cell's set-up (10 partitions, models, test sets on the device) before any cell has finished
+TAIL_S = 10.0  # after the last round: the data's sha256 per seed and the records
+GRACE_S = 15.0  # past the deadline, running cells stop at their next evaluation; then they are terminated
+SMOKE = {"num_clients": 20, "rounds": 3, "eval_every": 1, "synthetic_data": True}
+SMOKE_SEEDS = (0, 1)
+SMOKE_PROBE_ROUNDS = 2
 
 
-def stamp(t0: float) -> str:
-    return f"[{time.strftime('%H:%M:%S')} +{time.time() - t0:6.1f}s]"
-
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        seeds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    return seeds
-
-
-def plan_cells(args) -> list:
-    """The protocol's v2 cells in its order (``--cells`` keeps those whose ``setting/method`` it names); ``--smoke``
-    shrinks them to N = 20 and 3 rounds."""
-    sys.path.insert(0, str(SCRIPTS))
+def _studies():
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
     from studies import fedau
 
+    return fedau
+
+
+def full_float32() -> None:
+    """Float32 matrix products and convolutions without TF32 on CUDA (PyTorch lets cuDNN use TF32 by default): the
+    records then carry float32 arithmetic, as on the CPU, and the engine contract's 1e-5 can hold (with TF32 a vmap
+    cohort's grouped convolutions and per-client convolutions differ by about 1e-4 after one round on an H100)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def plan(smoke: bool = False, only: list[str] | None = None) -> list:
+    """The protocol's v2 cells in its order of priority (``only``: the ``setting/method`` names to keep); ``smoke``
+    shrinks each to N = 20, 3 rounds, an evaluation every round and random stand-in images (seconds on a CPU)."""
     from lightning_fedhet.experiments import Cell
 
-    cells = list(fedau.CELLS)
-    if args.cells:
-        cells = [c for c in cells if f"{c.setting}/{c.method}" in args.cells]
-    if args.smoke:
-        cells = [Cell(c.setting, c.method, {**c.config, "num_clients": 20, "rounds": 3, "eval_every": 1})
-                 for c in cells]
+    cells = list(_studies().CELLS)
+    if only:
+        unknown = sorted(set(only) - {name(c) for c in cells})
+        if unknown:
+            raise ValueError(f"--cells: {unknown} are not cells of the protocol; cells: {[name(c) for c in cells]}")
+        cells = [c for c in cells if name(c) in only]
+    if smoke:
+        cells = [Cell(c.setting, c.method, {**c.config, **SMOKE}) for c in cells]
     return cells
+
+
+def plan_seeds(smoke: bool = False) -> tuple[int, ...]:
+    return SMOKE_SEEDS if smoke else tuple(_studies().SEEDS)
+
+
+def name(cell) -> str:
+    return f"{cell.setting}/{cell.method}"
+
+
+def complete_seeds(records, cell) -> set[int]:
+    """The seeds of ``cell`` among ``records`` run at its configuration (protocol, N and rounds)."""
+    fedau = _studies()
+    return {int(r["seed"]) for r in records
+            if r.get("study") == STUDY and r.get("protocol") == fedau.PROTOCOL and r.get("setting") == cell.setting
+            and r.get("method") == cell.method and r["config"].get("rounds") == cell.config["rounds"]
+            and r["config"].get("num_clients") == cell.config["num_clients"]}
+
+
+def done_cells(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, str]:
+    """``{name: where}`` for every cell whose ``seeds`` all have a record: the record files under ``records_root``
+    (``docs/results``, where ``scripts/gpu/import_records.py`` writes them; ``None``: none) or the lines of
+    ``done_files``."""
+    from lightning_fedhet.experiments import record_path
+
+    fedau = _studies()
+    lines = []
+    for path in done_files:
+        lines += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    done = {}
+    for cell in cells:
+        files = [record_path(records_root, STUDY, fedau.PROTOCOL, cell.setting, cell.method, s) for s in seeds
+                 ] if records_root is not None else []
+        committed = [json.loads(f.read_text()) for f in files if f.is_file()]
+        if complete_seeds(committed, cell) >= set(seeds):
+            done[name(cell)] = f"records under {records_root}"
+        elif complete_seeds(committed + lines, cell) >= set(seeds):
+            done[name(cell)] = "records in " + ", ".join(str(p) for p in done_files)
+    return done
+
+
+def estimate_cell_s(rounds: int, cell_walls: list[float], rates: list[float]) -> float | None:
+    """Projected seconds of a whole cell: the longest finished cell's wall time x :data:`SAFETY`; else the slowest
+    measured (or given) seconds per round x ``rounds`` x :data:`SAFETY` + :data:`SETUP_GUESS_S`; else ``None``
+    (nothing measured: the cell probes itself)."""
+    if cell_walls:
+        return max(cell_walls) * SAFETY
+    if rates:
+        return max(rates) * rounds * SAFETY + SETUP_GUESS_S
+    return None
+
+
+def refusal(cell, cell_walls: list[float], rates: list[float], left_s: float) -> str | None:
+    """Why ``cell`` must not start with ``left_s`` seconds left before the deadline (its projection, by
+    :func:`estimate_cell_s`, does not fit; or less than :data:`SETUP_GUESS_S` is left), or ``None``: it starts."""
+    estimate = estimate_cell_s(int(cell.config["rounds"]), cell_walls, rates)
+    if left_s <= SETUP_GUESS_S or (estimate is not None and estimate > left_s):
+        projected = "nothing measured" if estimate is None else f"projected {estimate:.0f} s"
+        return f"{projected}, {left_s:.0f} s left before the deadline"
+    return None
 
 
 def append_jsonl(path: Path, lines: list[str]) -> None:
@@ -82,8 +155,16 @@ def append_jsonl(path: Path, lines: list[str]) -> None:
         fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def provenance(args, device: str) -> dict:
-    sys.path.insert(0, str(SCRIPTS))
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` through a temporary file, so a reader never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def provenance(commit: str | None, device: str, log) -> dict:
+    """The record's commit (git's where there is git, else ``commit``, with ``dirty`` null: unknown), versions and
+    device name."""
     import torch
     from studies import _repo
 
@@ -91,186 +172,223 @@ def provenance(args, device: str) -> dict:
 
     prov = record_provenance(_repo.REPO_ROOT, _repo.CODE_PATHS)
     if prov["commit"] == "unknown":  # no git on the machine (a copied working tree): the caller names the commit
-        prov["commit"] = args.commit or "unknown"  # and dirty stays None: unknown
-    elif args.commit and not (args.commit.startswith(prov["commit"]) or prov["commit"].startswith(args.commit)):
-        print(f"warning: --commit {args.commit} but git says {prov['commit']}; recording git's", flush=True)
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({os.cpu_count()} cores, " \
-        f"{platform.machine()})"
-    return {**prov, "device": name}
+        prov["commit"] = commit or "unknown"
+    elif commit and not (commit.startswith(prov["commit"]) or prov["commit"].startswith(commit)):
+        log(f"warning: --commit {commit} but git says {prov['commit']}; recording git's")
+    name_ = torch.cuda.get_device_name() if device.startswith("cuda") else \
+        f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+    return {**prov, "device": name_}
 
 
-def worker(index: int, cells: list, args, conn, t0: float, deadline: float) -> None:
-    """Probe the first cell, send the rate, get the rounds, run the cells, append each one's records."""
+def worker(index: int, conn, job: dict, log) -> None:
+    """Ask the parent for a cell, run it, report; until told to stop. ``job``: device, seeds, commit, deadline,
+    out, probe_rounds, progress_every_s, workers."""
+    current = None
     try:
         sys.path.insert(0, str(SCRIPTS))
+        from gpu import _source_checkout
+
+        _source_checkout.install()
         import torch
-        from studies import fedau
 
-        torch.set_num_threads(1)
-        seeds = parse_seeds(args.seeds)
-        device = args.device
-        prov = provenance(args, device)
-        marks: list[tuple[float, int]] = []
-        begin = time.time()
-        fedau.run_seeds(cells[0], seeds, device=device, rounds=args.probe_rounds, checksum=False,
-                        progress=lambda elapsed, done: marks.append((time.time(), done)))
-        if len(marks) >= 2:
-            rate = (marks[-1][0] - marks[-2][0]) / (marks[-1][1] - marks[-2][1])
-        else:
-            rate = (time.time() - begin) / args.probe_rounds
-        setup = max(0.0, marks[0][0] - begin - rate * marks[0][1]) if marks else 0.0
-        conn.send(("rate", index, rate, setup))
-        decision = conn.recv()
-        rounds = decision["rounds"]
-        if not rounds:
-            print(f"{stamp(t0)} worker {index}: told to stop before its cells", flush=True)
-            return
-        for cell in cells:
-            name = f"{cell.setting}/{cell.method}"
-            print(f"{stamp(t0)} worker {index}: {name} starts, {len(seeds)} seeds x {rounds} rounds", flush=True)
-            last = [0.0]
+        fedau = _studies()
+        torch.set_num_threads(1)  # the GPU does the work; 16 cores, several workers
+        full_float32()
+        fedau._train.quiet()
+        seeds, deadline, device = list(job["seeds"]), job["deadline"], job["device"]
+        prov = provenance(job["commit"], device, log)
+        while True:
+            conn.send(("ready", index, None, None))
+            order = conn.recv()
+            if order[0] == "stop":
+                return
+            cell = order[1]
+            current, rounds = name(cell), int(cell.config["rounds"])
+            log(f"worker {index}: {current} starts: {len(seeds)} seeds x {rounds} rounds")
+            begin, marks, shown = time.time(), [], [0.0]
 
-            def progress(elapsed: float, done: int, name: str = name, last: list = last) -> None:
-                if elapsed - last[0] >= args.progress_every_s or done == rounds:
-                    last[0] = elapsed
-                    print(f"{stamp(t0)} worker {index}: {name} round {done}/{rounds} ({elapsed:.0f} s in cell)",
-                          flush=True)
+            def progress(elapsed: float, done: int, cell_name: str = current, rounds: int = rounds,
+                         marks: list = marks, shown: list = shown) -> None:
+                now = time.time()
+                marks.append((now, done))
+                if now - shown[0] >= job["progress_every_s"] or done == rounds:
+                    shown[0] = now
+                    log(f"worker {index}: {cell_name} round {done}/{rounds} ({elapsed:.0f} s in the cell)")
+                if done >= job["probe_rounds"] and len(marks) >= 2 and done < rounds:
+                    rate = (marks[-1][0] - marks[0][0]) / (marks[-1][1] - marks[0][1])
+                    finish = now + (rounds - done) * rate * SAFETY + TAIL_S
+                    if finish > deadline:
+                        raise fedau.OutOfTime(f"at round {done} of {rounds}, {rate:.4f} s per round: projected to end "
+                                              f"{finish - deadline:.0f} s after the deadline")
 
             wall, cpu = time.perf_counter(), time.process_time()
             try:
-                results = fedau.run_seeds(cell, seeds, device=device, rounds=rounds, deadline=deadline,
-                                          progress=progress)
+                results = fedau.run_seeds(cell, seeds, device=device, deadline=deadline, progress=progress)
             except fedau.OutOfTime as stop:
-                print(f"{stamp(t0)} worker {index}: {stop}; no record for this cell", flush=True)
-                return
-            wall, cpu = (time.perf_counter() - wall) / len(seeds), (time.process_time() - cpu) / len(seeds)
+                rate = ((marks[-1][0] - marks[0][0]) / (marks[-1][1] - marks[0][1])) if len(marks) >= 2 else None
+                log(f"worker {index}: {current} stopped {stop}; no record for this cell")
+                conn.send(("abandoned", index, current, {"why": str(stop), "s_per_round": rate,
+                                                          "wall_s": round(time.time() - begin, 1)}))
+                current = None
+                continue
+            except Exception:  # this cell only (a CUDA error that breaks the process fails the next cells too)
+                text = traceback.format_exc()
+                log(f"worker {index}: {current} failed:\n{text}")
+                conn.send(("failed", index, current, {"traceback": text[-3000:]}))
+                current = None
+                continue
+            wall_s = time.perf_counter() - wall
+            cpu_s = time.process_time() - cpu
             lines = []
             for seed, result in zip(seeds, results):
                 record = {
-                    "study": "fedau", "protocol": fedau.PROTOCOL, "setting": cell.setting, "method": cell.method,
+                    "study": STUDY, "protocol": fedau.PROTOCOL, "setting": cell.setting, "method": cell.method,
                     "seed": int(seed), **prov,
-                    "config": {**cell.config, **result["config"], "rounds_rule": decision["rule"],
-                               "probe_s_per_round": round(rate, 4), "gpu_workers": decision["workers"]},
-                    "engine": result["engine"], "seeds_in_run": len(seeds), "wall_s": round(wall, 2),
-                    "cpu_s": round(cpu, 2), "metrics": result["metrics"], "threads": torch.get_num_threads(),
-                    "data_checksum": result["data_checksum"],
+                    "config": {**cell.config, **result["config"], "gpu_workers": job["workers"],
+                               "cuda_tf32": bool(torch.backends.cudnn.allow_tf32)},
+                    "engine": result["engine"], "seeds_in_run": len(seeds), "wall_s": round(wall_s / len(seeds), 2),
+                    "cpu_s": round(cpu_s / len(seeds), 2), "metrics": result["metrics"],
+                    "threads": torch.get_num_threads(), "data_checksum": result["data_checksum"],
                 }
                 lines.append(json.dumps(record, sort_keys=True))
-            append_jsonl(Path(args.out) / "records.jsonl", lines)
+            append_jsonl(Path(job["out"]) / "records.jsonl", lines)
+            rate = (marks[-1][0] - marks[0][0]) / (marks[-1][1] - marks[0][1]) if len(marks) >= 2 else None
             accs = [fedau.final_acc({"metrics": r["metrics"], "config": {**cell.config, **r["config"]}})
                     for r in results]
-            print(f"{stamp(t0)} worker {index}: {name} done in {wall * len(seeds):.0f} s; {len(lines)} records "
-                  f"written; window accuracy per seed {', '.join(f'{100 * a:.1f}' for a in accs)}", flush=True)
+            log(f"worker {index}: {current} done in {wall_s:.0f} s, {len(lines)} records written; window accuracy per "
+                f"seed {', '.join(f'{100 * a:.1f}' for a in accs)}")
+            conn.send(("done", index, current, {"wall_s": round(wall_s, 1), "s_per_round": rate,
+                                                 "records": len(lines),
+                                                 "window_acc_mean": round(sum(accs) / len(accs), 4)}))
+            current = None
     except Exception:
-        print(f"{stamp(t0)} worker {index} failed:\n{traceback.format_exc()}", flush=True)
+        text = traceback.format_exc()
+        log(f"worker {index} failed{' in ' + current if current else ''}; it stops:\n{text}")
         try:
-            conn.send(("failed", index, 0.0, 0.0))
+            conn.send(("failed", index, current, {"traceback": text[-3000:], "worker_stopped": True}))
         except (OSError, ValueError):
             pass
-        raise SystemExit(1) from None
 
 
-def choose_rounds(rates: dict[int, tuple[float, float]], loads: dict[int, int], remaining: float,
-                  ladder: tuple[int, ...]) -> int:
-    """The largest ladder value whose projected time fits ``remaining`` seconds for every worker; else the
-    smallest."""
-    for rounds in ladder:
-        if all(setup * loads[w] + rate * rounds * loads[w] * SAFETY <= remaining for w, (rate, setup) in rates.items()):
-            return rounds
-    return ladder[-1]
+def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers: int, log,
+              done: dict[str, str] | None = None, s_per_round: float | None = None, commit: str | None = None,
+              probe_rounds: int = PROBE_ROUNDS, progress_every_s: float = 30.0) -> dict:
+    """Run the cells not in ``done`` as the module docstring says; the final ``cells.json`` content."""
+    out = Path(out)
+    done = done or {}
+    rounds = max(int(c.config["rounds"]) for c in cells)
+    status: dict[str, dict] = {name(c): ({"state": "done before", "where": done[name(c)]} if name(c) in done
+                                         else {"state": "waiting"}) for c in cells}
+    walls: list[float] = []  # finished cells' wall seconds, this call
+    rates: list[float] = []  # seconds per round measured this call (finished and abandoned cells)
+    summary = {"protocol": _studies().PROTOCOL, "rounds": rounds, "seeds": list(seeds), "device": device,
+               "plan": [name(c) for c in cells], "cells": status, "workers": workers,
+               "s_per_round_given": s_per_round, "measured_s_per_round": rates, "measured_cell_wall_s": walls,
+               "safety": SAFETY}
 
+    def save() -> None:
+        summary["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        write_json(out / "cells.json", summary)
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True, help="folder holding Fashion-MNIST's four IDX files (.gz)")
-    parser.add_argument("--out", default=os.environ.get("OUT"), help="where records.jsonl goes (default: $OUT)")
-    parser.add_argument("--budget-s", type=float, default=330.0, help="wall-clock limit for the whole script")
-    parser.add_argument("--seeds", default=None, help="e.g. 0-9 (default: the protocol's seeds)")
-    parser.add_argument("--rounds", type=int, default=None, help="force the rounds (no ladder choice)")
-    parser.add_argument("--probe-rounds", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=None, help="processes sharing the GPU (default: one a cell)")
-    parser.add_argument("--cells", nargs="+", default=None, help="only these 'setting/method' cells")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--commit", default=None,
-                        help="the commit the copied tree is at, recorded when git is not available (dirty: null)")
-    parser.add_argument("--progress-every-s", type=float, default=30.0)
-    parser.add_argument("--smoke", action="store_true", help="tiny CPU run: N = 20, 3 rounds, seeds 0-1")
-    args = parser.parse_args(argv)
-    t0 = time.time()
-    deadline = t0 + args.budget_s - STOP_MARGIN_S
-    if not args.out:
-        parser.error("--out is required when $OUT is not set")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    os.environ["FEDHET_FASHION_MNIST"] = str(Path(args.data_dir).resolve())  # workers inherit it
-    ladder = LADDER
-    if args.smoke:
-        args.device, args.seeds, args.probe_rounds = "cpu", args.seeds or "0-1", 2
-        args.workers, ladder = args.workers or 2, (3,)
-    sys.path.insert(0, str(SCRIPTS))
-    from studies import fedau
-
-    args.seeds = args.seeds or f"{min(fedau.SEEDS)}-{max(fedau.SEEDS)}"
-    if args.rounds:
-        ladder = (args.rounds,)
-    cells = plan_cells(args)
-    if not cells:
-        parser.error("no cell matches --cells")
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("no CUDA device: run with --smoke (CPU) or on a GPU machine", flush=True)
-        return 2
-    workers = min(args.workers or len(cells), len(cells))
-    assignment = {w: cells[w::workers] for w in range(workers)}
-    print(f"{stamp(t0)} fedau v2: {len(cells)} cells, seeds {args.seeds}, {workers} workers on {args.device}"
-          f"{' (' + torch.cuda.get_device_name() + ')' if args.device.startswith('cuda') else ''}, budget "
-          f"{args.budget_s:.0f} s, ladder {ladder}; records -> {Path(args.out) / 'records.jsonl'}", flush=True)
+    queue = [c for c in cells if name(c) not in done]
+    log(f"fedau v2: {len(cells)} cells at {rounds} rounds x {len(seeds)} seeds; {len(done)} done before "
+        f"({', '.join(done) or 'none'}); {len(queue)} to run in this order: {', '.join(name(c) for c in queue)}")
+    save()
+    first = refusal(queue[0], [], [s_per_round] if s_per_round else [], deadline - time.time()) if queue else None
+    if first:  # judged from --s-per-round alone: no worker is started
+        log(f"{name(queue[0])}: not started: {first}")
+        for cell in queue:
+            status[name(cell)] = {"state": "not started", "why": first}
+        save()
+        return summary
+    if not queue:
+        return summary
     ctx = mp.get_context("spawn")
-    pipes, procs = {}, {}
-    for w, mine in assignment.items():
+    job = {"device": device, "seeds": list(seeds), "commit": commit, "deadline": deadline, "out": str(out),
+           "probe_rounds": probe_rounds, "progress_every_s": progress_every_s, "workers": workers}
+    conns, procs = {}, {}
+    for w in range(min(workers, len(queue))):
         ours, theirs = ctx.Pipe()
-        pipes[w] = ours
-        procs[w] = ctx.Process(target=worker, args=(w, mine, args, theirs, t0, deadline), daemon=False)
-    rates: dict[int, tuple[float, float]] = {}
-    for proc in procs.values():
-        proc.start()
-    probe_deadline = t0 + 0.5 * args.budget_s
-    for w, conn in pipes.items():
-        left = max(0.0, probe_deadline - time.time())
-        if conn.poll(left):
-            kind, index, rate, setup = conn.recv()
-            if kind == "rate":
-                rates[index] = (rate, setup)
-                print(f"{stamp(t0)} worker {index} probe: {rate:.3f} s per round ({len(parse_seeds(args.seeds))} "
-                      f"seeds stacked), setup {setup:.1f} s", flush=True)
-        else:
-            print(f"{stamp(t0)} worker {w}: no probe result in time; it is stopped", flush=True)
-    if not rates:
-        print(f"{stamp(t0)} no worker finished its probe; nothing to run", flush=True)
+        conns[w] = ours
+        procs[w] = ctx.Process(target=worker, args=(w, theirs, job, log), daemon=True)  # never outlives the call
+        procs[w].start()
+        theirs.close()
+    next_cell, refused = 0, None
+    try:
+        next_cell, refused = _dispatch(queue, conns, procs, status, walls, rates, s_per_round, deadline, log, save)
+    finally:
         for proc in procs.values():
-            proc.terminate()
-        return 1
-    remaining = deadline - time.time()
-    rounds = choose_rounds(rates, {w: len(assignment[w]) for w in rates}, remaining, ladder)
-    rule = (f"ladder {ladder}: the largest whose projected time (probe rate x rounds x cells x {SAFETY}, plus setup) "
-            f"fit the {args.budget_s:.0f} s budget")
-    print(f"{stamp(t0)} rounds chosen: {rounds} ({rule}; {remaining:.0f} s left)", flush=True)
-    for w, conn in pipes.items():
-        try:  # each worker records the rule with its own probe rate
-            conn.send({"rounds": rounds if w in rates else 0, "rule": rule, "workers": workers})
-        except (OSError, BrokenPipeError):
-            pass
-    for w, proc in procs.items():
-        proc.join(max(0.0, deadline + STOP_MARGIN_S - time.time() - 2.0))
-        if proc.is_alive():
-            print(f"{stamp(t0)} worker {w} still running at the budget; stopped", flush=True)
-            proc.terminate()
-            proc.join(2.0)
-    path = Path(args.out) / "records.jsonl"
-    n = sum(1 for _ in open(path)) if path.is_file() else 0
-    print(f"{stamp(t0)} done: {n} records in {path}", flush=True)
-    return 0
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.terminate()
+    for cell in queue[next_cell:]:
+        status[name(cell)] = {"state": "not started", "why": refused or "no worker left (see the log)"}
+    save()
+    counts = {}
+    for s in status.values():
+        counts[s["state"]] = counts.get(s["state"], 0) + 1
+    log("fedau v2: " + ", ".join(f"{n} {state}" for state, n in counts.items()))
+    return summary
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _dispatch(queue, conns, procs, status, walls, rates, s_per_round, deadline, log, save) -> tuple[int, str | None]:
+    """The parent's loop: hand each free worker the next cell that fits, book what the workers report; the index of
+    the first cell not handed out, and why it was refused (or ``None``)."""
+    next_cell, refused, running = 0, None, {}
+    while conns:
+        left = deadline + GRACE_S - time.time()
+        ready = wait(list(conns.values()), timeout=max(0.0, left))
+        if not ready:
+            for w in list(conns):
+                log(f"worker {w} still running {GRACE_S:.0f} s past the deadline: terminated")
+                if running.get(w):
+                    status[running[w]] = {"state": "stopped at the budget"}
+                procs[w].terminate()
+                del conns[w]
+            break
+        for conn in ready:
+            w = next(k for k, c in conns.items() if c is conn)
+            try:
+                kind, _, cell_name, info = conn.recv()
+            except (EOFError, OSError):
+                if running.get(w):
+                    status[running[w]] = {"state": "failed", "why": f"worker {w} exited without a word"}
+                del conns[w]
+                continue
+            if kind == "ready":
+                running[w] = None
+                if next_cell >= len(queue):
+                    conn.send(("stop",))
+                    del conns[w]
+                    continue
+                cell = queue[next_cell]
+                known = rates + ([s_per_round] if s_per_round else [])
+                why = refusal(cell, walls, known, deadline - time.time())
+                if why:
+                    refused = why
+                    log(f"{name(cell)}: not started: {why}")
+                    conn.send(("stop",))
+                    del conns[w]
+                    continue
+                conn.send(("run", cell))
+                estimate = estimate_cell_s(int(cell.config["rounds"]), walls, known)
+                status[name(cell)] = {"state": "running", "worker": w,
+                                      "projected_s": None if estimate is None else round(estimate, 1)}
+                running[w] = name(cell)
+                next_cell += 1
+            elif kind == "done":
+                status[cell_name] = {"state": "done", **info}
+                walls.append(info["wall_s"])
+                if info.get("s_per_round"):
+                    rates.append(info["s_per_round"])
+            elif kind == "abandoned":
+                status[cell_name] = {"state": "abandoned", **info}
+                if info.get("s_per_round"):
+                    rates.append(info["s_per_round"])
+            elif kind == "failed":
+                if cell_name:
+                    status[cell_name] = {"state": "failed", **info}
+                if info.get("worker_stopped"):
+                    del conns[w]
+            save()
+    return next_cell, refused

@@ -4,10 +4,10 @@
 
 Each line becomes ``docs/results/records/<study>/<protocol>/<setting>/<method>/seed<k>.json`` (the path the
 studies read). A line is refused, naming the reason, when it lacks a record key, names a (setting, method) that is not a
-cell of its study's protocol, or its configuration differs from that cell's in a key the run does not resolve
-itself (``rounds`` and the window may differ: the GPU script's ladder chooses them and the record says so). An
-existing record file is kept unless ``--force``. Then regenerate the pages with ``python scripts/reproduce.py
-report``.
+cell of its study's protocol, or its configuration differs from that cell's in any key the cell declares: ``rounds``
+and the metric window included, so a run shorter than its protocol's horizon is never imported (the keys a run adds,
+such as the drawn ``p``, are not the cell's and are not compared). An existing record file is kept unless
+``--force``. Then commit the record files and regenerate the pages with ``python scripts/reproduce.py report``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ RESULTS = STUDIES.parents[1] / "docs" / "results"
 
 REQUIRED = ("study", "protocol", "setting", "method", "seed", "commit", "dirty", "device", "torch", "config",
             "engine", "seeds_in_run", "wall_s", "cpu_s", "metrics", "threads", "data_checksum")
-#: configuration keys a run resolves itself (they may differ from the cell's declared value)
-RESOLVED = {"rounds", "metric_window_rounds", "p", "p_at_floor", "rounds_rule", "probe_s_per_round", "gpu_workers"}
+#: keys of a cell's configuration whose value a run may resolve otherwise: none (the rounds are the protocol's)
+RESOLVED: set[str] = set()
 
 
 def check_record(record: dict) -> str | None:

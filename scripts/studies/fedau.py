@@ -5,9 +5,10 @@ partition (per-client class proportions ``~ Dir(alpha_d)``, every class cut amon
 as the authors' code does) and its label-correlated participation (``p_n = C mu <kappa_n, q>``, ``q ~ Dir(alpha_p)``
 per seed, floor 0.02) under its three patterns with the same stationary ``p_n``: Bernoulli, Markov (``markov-0.05``:
 at most 0.05 chance of switching on) and cyclic. Protocol v1 scaled it to a 2-core CPU (N = 50, 150 rounds, cyclic
-period 50, evaluations on 200-image test chunks); protocol v2 runs the paper's scale (N = 250, 2,000 rounds or the
-largest step of its ladder that a GPU call fits, period 100, full test set every 10 rounds) with stacked seeds on a
-GPU (``run_seeds``; ``scripts/gpu/fedau_v2.py``). Aggregation rules (all run the same local
+period 50, evaluations on 200-image test chunks); protocol v2 runs the paper's scale (N = 250, 2,000 rounds,
+period 100, full test set every 10 rounds) with stacked seeds on a GPU (``run_seeds``; ``scripts/gpu/device_run.py``
+runs whole cells at the full 2,000 rounds, never a shorter step of the protocol's ladder, and the import refuses a
+shorter record). Aggregation rules (all run the same local
 SGD; ``gamma`` the local and ``eta`` the global step of the paper's Table C.4.1):
 
 - ``FedAU (K=50)``: weights ``omega_n`` from the client's own past participation intervals, cut off at K;
@@ -217,8 +218,9 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     stacked in one vmap per round on ``device``), evaluated on the full test set every ``eval_every`` rounds.
 
     ``device`` defaults to ``"cuda"`` for the protocol's cells (``needs_gpu``), refused without one (they wait for a
-    GPU: ``scripts/gpu/fedau_v2.py``), and to the CPU for a cheap variant without ``needs_gpu`` (e.g. a canary);
-    ``rounds`` overrides the cell's (the protocol's ladder when the GPU budget is short; the record says which);
+    GPU: ``scripts/gpu/device_run.py``), and to the CPU for a cheap variant without ``needs_gpu`` (e.g. a canary);
+    ``rounds`` overrides the cell's (a short check; the GPU script never passes it, and a record at other rounds than
+    its cell's is refused by ``scripts/gpu/import_records.py``);
     past ``deadline`` (a ``time.time()`` value) the run raises :class:`OutOfTime` at its next evaluation;
     ``progress(seconds_since_start, rounds_done)`` is called at every evaluation; ``checksum=False`` skips the
     data's sha256 (the GPU script's timing probe). Protocol v1's cells run seed by seed through :func:`run_cell`."""
@@ -232,7 +234,7 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     device = device or ("cuda" if c.get("needs_gpu") else "cpu")  # a cheap variant (a canary) may run on the CPU
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"fedau {cell.setting} / {cell.method}: protocol v2's cells wait for a GPU (run "
-                         "scripts/gpu/fedau_v2.py on one); no CUDA device here")
+                         "scripts/gpu/device_run.py on one); no CUDA device here")
     rounds = int(rounds or c["rounds"])
     built: dict[int, tuple] = {}
     tests: dict[int, tuple] = {}
@@ -392,7 +394,7 @@ def write_report(records: list[dict], out) -> list:
         lines.append(describe(recs[0]["config"] if recs else cells[0].config) + ".\n")
         if protocol == PROTOCOL and not recs:
             lines.append(f"**Waiting for a GPU**: {len(cells)} cells x {len(seeds)} seeds, none run yet "
-                         "(`scripts/gpu/fedau_v2.py`; the protocol gives the cost on this machine).\n")
+                         "(`scripts/gpu/device_run.py`; the protocol gives the cost on this machine).\n")
         if protocol == PROTOCOL:
             lines.append(_v3.note(len(v3), "FedAU (K=50) − baseline in every pattern and baseline below; the "
                                   "paper's SVHN gain is each claim's effect", seen=False))  # no v2 record when v3 came
@@ -471,7 +473,7 @@ def write_report(records: list[dict], out) -> list:
         "protocol v2 on the full test set.\n",
         *reproduce_section(records, (
             "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau   # v2's cells need CUDA; on a GPU machine:",
-            "PYTHONPATH=. python3 scripts/gpu/fedau_v2.py --data-dir .gpu_data --out \"$OUT\"   # records.jsonl",
+            "python3 scripts/gpu/device_run.py --data-dir .gpu_data --out \"$OUT\" --commit HASH  # records.jsonl",
             "python scripts/gpu/import_records.py records.jsonl        # into records/fedau/v2/",
             "python scripts/reproduce.py report                        # this page, from the records",
         )),

@@ -1,0 +1,169 @@
+"""scripts/gpu/device_run.py, the one prepared device call, run on the CPU with ``--smoke`` (N = 20, 3 rounds, seeds
+0-1, random stand-in images; the contract and the bench tiny): the files appear, the contract passes (and fails on a
+divergence), a second call skips the cells already done, a cell whose projection does not fit is not started, and
+the real plan runs every cell at the protocol's 2,000 rounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gpu import contract_smoke, device_run, fedau_v2
+from studies import fedau
+
+from lightning_fedhet.algorithms import FedAvg
+from lightning_fedhet.experiments import record_path, write_record
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu" / "device_run.py"
+NAMES = [f"{c.setting}/{c.method}" for c in fedau.CELLS]
+
+
+def _run(out: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smoke")
+    _run(out, "--workers", "2")
+    return out
+
+
+def test_smoke_runs_every_part_and_writes_its_files(smoke):
+    assert {"contract.json", "records.jsonl", "cells.json", "bench.json", "log.txt"} <= {p.name for p in
+                                                                                         smoke.iterdir()}
+    contract = json.loads((smoke / "contract.json").read_text())
+    assert contract["pass"] and contract["device"] == "cpu"
+    assert [(c["rule"], c["engine"]) for c in contract["checks"]] == [
+        (rule, engine) for rule in ("FedAvg", "FedVARP", "FedAU") for engine in ("vmap", "stacked")]
+    assert all(c["max_abs_diff"] <= 1e-5 and c["same_received"] for c in contract["checks"])
+    records = _lines(smoke / "records.jsonl")
+    assert len(records) == 10 * 2  # 10 cells x seeds 0-1, each cell written whole
+    assert sorted({f"{r['setting']}/{r['method']}" for r in records}) == sorted(NAMES)
+    assert {(r["config"]["rounds"], r["config"]["num_clients"], r["seeds_in_run"]) for r in records} == {(3, 20, 2)}
+    cells = json.loads((smoke / "cells.json").read_text())
+    assert cells["plan"] == NAMES and {c["state"] for c in cells["cells"].values()} == {"done"}
+    bench = json.loads((smoke / "bench.json").read_text())
+    b1 = bench["tasks"]["B1"]
+    assert set(b1["ratios"]) == {"stacked x1 samples/s / central samples/s", "stacked x2 samples/s / central samples/s"}
+    # ratio = seeds x t_central / t_stacked, from the row's own times
+    row = b1["per_executor"]
+    assert b1["ratios"]["stacked x2 samples/s / central samples/s"] == pytest.approx(
+        2 * row["central"]["s_per_round"] / row["stacked x2"]["s_per_round"])
+    assert "ratios" in bench["tasks"]["B2"] or "skipped" in bench["tasks"]["B2"]  # B2 needs Fashion-MNIST
+    log = (smoke / "log.txt").read_text()
+    assert re.search(r"^\[\d\d:\d\d:\d\d \+ *\d+\.\ds\] a\. contract PASS", log, re.M)
+
+
+def test_a_second_call_skips_the_cells_already_done(smoke, tmp_path):
+    # The first 8 cells' records come in a --done file (a call's records.jsonl not yet imported), the 9th's as record
+    # files under --records-root (as the import writes them): only the 10th runs.
+    records = _lines(smoke / "records.jsonl")
+    done = tmp_path / "done.jsonl"
+    done.write_text("".join(json.dumps(r) + "\n" for r in records if f"{r['setting']}/{r['method']}" in NAMES[:8]))
+    root = tmp_path / "results"
+    for r in records:
+        if f"{r['setting']}/{r['method']}" == NAMES[8]:
+            write_record(record_path(root, "fedau", r["protocol"], r["setting"], r["method"], r["seed"]), r)
+    out = tmp_path / "out"
+    _run(out, "--parts", "fedau", "--done", str(done), "--records-root", str(root))
+    cells = json.loads((out / "cells.json").read_text())["cells"]
+    assert [cells[n]["state"] for n in NAMES] == ["done before"] * 9 + ["done"]
+    assert str(root) in cells[NAMES[8]]["where"] and str(done) in cells[NAMES[0]]["where"]
+    assert {f"{r['setting']}/{r['method']}" for r in _lines(out / "records.jsonl")} == {NAMES[9]}
+    assert not (out / "contract.json").exists() and not (out / "bench.json").exists()  # --parts fedau
+
+
+def test_a_cell_that_does_not_fit_is_not_started(tmp_path):
+    # 1,000 s per round measured earlier: a 3-round cell projects to 3 x 1,000 x 1.1 + 20 = 3,320 s, more than a
+    # 200 s budget leaves; neither it nor a later cell starts, and no record is written.
+    out = tmp_path / "out"
+    _run(out, "--parts", "fedau", "--s-per-round", "1000", "--budget-s", "200")
+    cells = json.loads((out / "cells.json").read_text())["cells"]
+    assert {c["state"] for c in cells.values()} == {"not started"}
+    assert all(c["why"].startswith("projected 3320 s") for c in cells.values())
+    assert not (out / "records.jsonl").exists()
+
+
+def test_the_projection_rule_by_hand():
+    cell = fedau.CELLS[0]  # 2,000 rounds
+    assert fedau_v2.estimate_cell_s(2000, [], []) is None  # nothing measured: the cell probes itself
+    assert fedau_v2.estimate_cell_s(2000, [], [0.1, 0.05]) == pytest.approx(0.1 * 2000 * 1.1 + 20)  # 240 s
+    assert fedau_v2.estimate_cell_s(2000, [150.0, 180.0], [0.1]) == pytest.approx(180 * 1.1)  # a whole cell: 198 s
+    assert fedau_v2.refusal(cell, [], [0.1], 241.0) is None
+    assert fedau_v2.refusal(cell, [], [0.1], 239.0).startswith("projected 240 s, 239 s left")
+    assert fedau_v2.refusal(cell, [], [], 100.0) is None
+    assert fedau_v2.refusal(cell, [], [], 20.0) is not None  # under the set-up guess: nothing starts
+
+
+def test_the_real_plan_runs_every_cell_at_the_protocols_full_horizon():
+    cells = fedau_v2.plan(smoke=False)
+    assert [f"{c.setting}/{c.method}" for c in cells] == NAMES  # the protocol's order of priority
+    assert {(c.config["rounds"], c.config["num_clients"]) for c in cells} == {(2000, 250)}
+    assert fedau_v2.plan_seeds() == tuple(range(10))
+    with pytest.raises(SystemExit):  # no way to shorten the horizon from the command line
+        device_run.parse_args(["--out", "x", "--data-dir", "d", "--rounds", "250"])
+
+
+def test_the_contract_smoke_fails_on_a_divergence_and_on_its_budget(monkeypatch):
+    # The reference (first rule made) steps with server_lr 1.0, the vmap and stacked runs with 1.5: their global
+    # parameters differ by far more than 1e-5, and both checks fail.
+    made = []
+
+    def drifting():
+        made.append(1)
+        return FedAvg(weighting="participating", server_lr=1.0 if len(made) == 1 else 1.5)
+
+    monkeypatch.setattr(contract_smoke, "RULES", {"FedAvg": drifting})
+    result = contract_smoke.run("cpu")
+    assert not result["pass"] and [c["pass"] for c in result["checks"]] == [False, False]
+    assert min(c["max_abs_diff"] for c in result["checks"]) > 1e-3
+    over = contract_smoke.run("cpu", budget_s=-1.0)  # nothing may start: the rules left count as failed
+    assert not over["pass"] and over["not_run_over_budget"] == ["FedAvg"] and over["checks"] == []
+
+
+def test_the_device_command_fits_the_tool_and_is_the_documented_one():
+    command = next(line.strip() for line in device_run.__doc__.splitlines()
+                   if line.strip().startswith("PYTHONUNBUFFERED=1 python3 scripts/gpu/device_run.py"))
+    assert len(command) < 2000
+    assert command in (ROOT / "docs" / "performance.md").read_text()
+    args = device_run.parse_args(command.split()[3:])  # after the environment, python3 and the script
+    assert (args.data_dir, args.budget_s, args.commit, args.workers) == (".gpu_data", 540.0, "HASH", 1)
+    assert args.parts == ["contract", "fedau", "bench"]
+
+
+def test_a_source_checkout_that_was_never_installed_imports(tmp_path):
+    # The device machine has the copied tree and no install: without the editable install's finder,
+    # lightning_fedhet's __init__ cannot find lightning_fedhet.callbacks; the script's finder maps it (and model_zoo).
+    code = (
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "sys.path[:] = [p for p in sys.path if '__editable__' not in p]\n"
+        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+        "import importlib.util\n"
+        "print('installed' if importlib.util.find_spec('lightning_fedhet') else 'not-installed')\n"
+        "from gpu import _source_checkout\n"
+        "_source_checkout.install()\n"
+        "import lightning_fedhet.model_zoo, lightning_fedhet.callbacks\n"
+        "print(lightning_fedhet.model_zoo.__file__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where, path = proc.stdout.split()
+    if where == "installed":
+        pytest.skip("lightning_fedhet is installed as a regular package here: no source layout to map")
+    assert path == str(ROOT / "model_zoo" / "__init__.py")
