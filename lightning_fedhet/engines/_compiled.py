@@ -210,21 +210,24 @@ def step_scalars(optimizer: torch.optim.Optimizer, rules: dict[str, UpdateRule],
     Computed in Python floats exactly as ``torch.optim`` computes them (``lr / (1 - beta1 ** t)`` etc.).
     """
     by_slot = {rule.slot: rule for rule in rules.values()}
-    table = torch.zeros(steps, len(optimizer.param_groups) * SCALARS, dtype=torch.float64)
+    # built as Python floats and converted once (a cohort is built every round; writing a tensor entry by entry
+    # cost about 100 us a round)
+    table = [[0.0] * (len(optimizer.param_groups) * SCALARS) for _ in range(steps)]
     for slot, group in enumerate(optimizer.param_groups):
         rule = by_slot.get(slot)
         lr = float(group["lr"])
         for k in range(steps):
-            row = table[k, slot * SCALARS : (slot + 1) * SCALARS]
+            row = table[k]
+            at = slot * SCALARS
             if rule is None or rule.kind == "sgd":
                 dampening = float(group.get("dampening", 0.0))
-                row[0], row[1] = lr, 1.0 if k == 0 else 1.0 - dampening
+                row[at], row[at + 1] = lr, 1.0 if k == 0 else 1.0 - dampening
             else:
                 t = k + 1
-                row[0] = lr / (1 - rule.beta1**t)
-                row[1] = (1 - rule.beta2**t) ** 0.5
-                row[2] = 1 - lr * rule.weight_decay
-    return table
+                row[at] = lr / (1 - rule.beta1**t)
+                row[at + 1] = (1 - rule.beta2**t) ** 0.5
+                row[at + 2] = 1 - lr * rule.weight_decay
+    return torch.tensor(table, dtype=torch.float64).reshape(steps, len(optimizer.param_groups) * SCALARS)
 
 
 def _apply_rule(rule: UpdateRule, p: Tensor, grad: Tensor, state: tuple[Tensor, ...], s: Tensor):

@@ -24,7 +24,7 @@ them once per round instead of converting a value per client per step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,15 @@ from lightning_fedhet.engines._compiled import (
     update_rules,
 )
 from lightning_fedhet.engines._malloc import keep_freed_memory
-from lightning_fedhet.engines.layout import StateLayout, clone_tree, pad_batch, pad_rows, padded_size, slice_tree
+from lightning_fedhet.engines.layout import (
+    StateLayout,
+    clone_tree,
+    normalisation_layers,
+    pad_batch,
+    pad_rows,
+    padded_size,
+    slice_tree,
+)
 
 ELEMENTWISE_OPTIMIZERS = (
     torch.optim.SGD,
@@ -62,10 +70,14 @@ ELEMENTWISE_OPTIMIZERS = (
 )
 
 
-def check_vmap_support(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Raise :class:`VmapUnsupported` for the cases the engine cannot simulate faithfully."""
-    for name, sub in module.named_modules():
-        if isinstance(sub, nn.modules.batchnorm._NormBase) and sub.track_running_stats and sub.momentum is None:
+def check_vmap_support(
+    module: nn.Module, optimizer: torch.optim.Optimizer, layout: StateLayout | None = None
+) -> None:
+    """Raise :class:`VmapUnsupported` for the cases the engine cannot simulate faithfully (``layout``: the module's,
+    whose normalisation layers are then read from it instead of walking the module tree)."""
+    norms = layout.norms if layout is not None else normalisation_layers(module)
+    for name, sub in norms:
+        if sub.track_running_stats and sub.momentum is None:
             # the cumulative average reads 1 / float(num_batches_tracked), a per-client value vmap cannot make a float
             raise VmapUnsupported(
                 f"module '{name}' ({type(sub).__name__}) has momentum=None (a cumulative moving average of its "
@@ -125,12 +137,12 @@ class VmapCohort:
         compile: bool | str = False,
         layout: StateLayout | None = None,
     ) -> None:
-        check_vmap_support(module, optimizer)
+        layout = self.layout = layout if layout is not None else StateLayout(module)
+        check_vmap_support(module, optimizer, layout)
         self.mode = compile_mode(compile)
         self.module = module
         self.clients = list(clients)
         self.local_steps = torch.as_tensor(np.asarray(local_steps), dtype=torch.int64)
-        layout = self.layout = layout if layout is not None else StateLayout(module)
         named = layout.params
         self.names = [name for name, _ in named]
         size = len(self.clients)
@@ -147,7 +159,7 @@ class VmapCohort:
         self.params = {name: p.requires_grad_(self.trainable[name]) for name, p in params.items()}
         self.buffers = StateLayout.split(starts[:, layout.num_parameters :], layout.float_buffers)
         self.buffers.update(StateLayout.split(int_starts, layout.int_buffers))
-        self.buffers = {name: self.buffers[name] for name, _ in module.named_buffers()}
+        self.buffers = {name: self.buffers[name] for name in layout.buffer_names}
         first = next(iter(self.params.values()))
         device, dtype = first.device, first.dtype
         if device.type == "cpu":
@@ -184,7 +196,7 @@ class VmapCohort:
         if self._fused is None:
             self.optimizer = self._stacked_optimizer()
         self._collector = LogCollector()
-        self._eager_grad = make_grad_step(make_loss(StepModule(module), self._collector))
+        self._eager_grad_fn: Callable | None = None  # built on first use: a compiled cohort may never need it
 
     @property
     def compiled(self) -> bool:
@@ -270,7 +282,7 @@ class VmapCohort:
             self._unpad()
             try:
                 with logging_to(self.module, self._collector):
-                    grads, (losses, values), buffers = self._eager_grad(
+                    grads, (losses, values), buffers = self._eager_grad()(
                         self._detached(), self.buffers, batch, step, active[:size]
                     )
             except VmapUnsupported:
@@ -288,6 +300,12 @@ class VmapCohort:
         self._loss_sum[:size] += torch.where(active[:size], losses.to(self._loss_sum.dtype), 0)
         self._steps_taken = step + 1
         return losses, {name: value.detach() for name, value in values.items()}
+
+    def _eager_grad(self) -> Callable:
+        """The uncompiled vmapped gradient step (see :func:`make_grad_step`), built once per cohort when needed."""
+        if self._eager_grad_fn is None:
+            self._eager_grad_fn = make_grad_step(make_loss(StepModule(self.module), self._collector))
+        return self._eager_grad_fn
 
     def _unpad(self) -> None:
         """Drop padding rows for good (the eager gradient runs on the cohort's own rows)."""

@@ -20,6 +20,11 @@ class StateLayout:
     def __init__(self, module: nn.Module) -> None:
         self.params = [(name, p) for name, p in module.named_parameters()]
         buffers = list(module.named_buffers())
+        #: every buffer's name in ``named_buffers`` order (the order a cohort keeps its stacked buffers in)
+        self.buffer_names = [name for name, _ in buffers]
+        #: the normalisation layers (BatchNorm, InstanceNorm), by name: what the vmap checks read each round, kept so
+        #: that a round does not walk the module tree again (hashing every submodule: tens of us per round)
+        self.norms = normalisation_layers(module)
         self.float_buffers = [(name, b) for name, b in buffers if torch.is_floating_point(b)]
         self.int_buffers = [(name, b) for name, b in buffers if not torch.is_floating_point(b)]
         self.floats = self.params + self.float_buffers
@@ -43,6 +48,11 @@ class StateLayout:
             for (name, t), chunk in zip(named, chunks)
         }
 
+
+
+def normalisation_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The module's normalisation layers with running statistics' machinery (BatchNorm, InstanceNorm), by name."""
+    return [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.modules.batchnorm._NormBase)]
 
 
 def padded_size(size: int) -> int:
