@@ -355,7 +355,8 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
         prow.append((column, d.n, ours, f"{100 * gain:+.1f} pp", f"{100 * paper_gain(column, 'CIFAR100'):+.1f} pp",
                      _v3.registered(registered[column], d), holm, v3, on_holm))
         summaries.append(Summary(
-            f"v2, Table 5.1, {column}: Serving Rate vs Equal Weight on CIS accuracy (released code)",
+            f"v2, Table 5.1, {column}: Serving Rate vs Equal Weight on CIS accuracy (v2's 'released code': its "
+            "base, heads aggregated)",
             f"{100 * gain:+.1f} pp (CIFAR10)", f"{ours} ({d.n} seeds; Holm-adjusted {holm})", r.index_text()))
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xticks(range(len(COLUMNS)), COLUMNS, fontsize=8)
@@ -365,7 +366,8 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
     lines = [
         "## Results, protocol v2\n",
         "Setting: every column of Table 5.1 but 33-33-33 (equal serving rates: the two strategies' weights are "
-        "the same, so are the runs), the `released code` aggregation, each node's optimizer state kept across "
+        "the same, so are the runs), the `released code` aggregation (so named by v2; it aggregates the exit heads, "
+        "which the released code does not: protocol v3), each node's optimizer state kept across "
         "rounds, seeds 0-9; otherwise as v1 (width 16, 20 rounds, 10 batches of 32 per node and round).\n",
         "Power (protocol v2): seeds n needed so that the paired 95 % half-width t_{0.975,n-1} · SD / sqrt(n) is "
         "below the thesis's CIFAR10 gain, with SD the paired SD of v1's `released code` records; by v2's registered "
