@@ -12,6 +12,7 @@ one batched computation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_fedhet.engines._compile_policy import recompile_budget
 from lightning_fedhet.engines.base import EngineBatch
 from lightning_fedhet.engines.cohort import VmapCohort
 from lightning_fedhet.engines.layout import StateLayout
@@ -240,13 +242,19 @@ def run_lock_steps(
     its last step's, and a name may be logged at some steps only)."""
     logs: dict[str, list[tuple[Tensor, np.ndarray]]] = {}
     display: dict[str, dict[str, Any]] = {}
-    for k in range(len(batch)):
-        step = first_step + k
-        for group, group_batch in zip(groups, batch.lock_step(k)):
-            apply_config(group.config)
-            _, logged = group.cohort.step(group_batch, step)
-            display.update(group.cohort.log_display)
-            active = group.cohort.local_steps > step
-            for name, values in logged.items():
-                logs.setdefault(name, []).append((values[active.to(values.device)], group.owners[active.numpy()]))
+    compiled = any(group.cohort.compiled_entry is not None for group in groups)
+    # Dynamo's recompile limit raised once for the round: raised and restored at every step (what VmapCohort.step
+    # does when called alone, and skips when the limit is already raised) it cost about 25 us a step
+    with recompile_budget() if compiled else contextlib.nullcontext():
+        for k in range(len(batch)):
+            step = first_step + k
+            for group, group_batch in zip(groups, batch.lock_step(k)):
+                apply_config(group.config)
+                _, logged = group.cohort.step(group_batch, step)
+                display.update(group.cohort.log_display)
+                if not logged:
+                    continue
+                active = group.cohort.local_steps > step
+                for name, values in logged.items():
+                    logs.setdefault(name, []).append((values[active.to(values.device)], group.owners[active.numpy()]))
     return logs, display
