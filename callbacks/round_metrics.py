@@ -13,7 +13,11 @@ One Lightning epoch is one communication round. When a round closes (the strateg
   aggregated.
 
 At ``setup`` of ``fit`` it logs the federated configuration (``lightning_fedhet.config_summary.federated_config``)
-under ``fedhet`` with every logger's ``log_hyperparams``.
+under ``fedhet`` with every logger's ``log_hyperparams``. With ``engine="auto"`` the engine that runs is chosen later,
+on the first round's data, so the configuration is logged again at ``on_train_start`` with its keys
+(``fedhet.engine.ran``, ``fedhet.engine.compile``) added: new keys, every other value unchanged (a logger such as MLflow
+refuses a logged value that changes). TensorBoard's ``hparams.yaml`` is written once, before that: read the engine that
+ran from its event file, or from ``strategy.engine_choice``.
 
 Cost per round: ~11 floats into ``callback_metrics`` and one ``log_metrics`` call per logger. Only validated rounds
 go through ``LightningModule.log_dict`` (about a millisecond per metric, small next to a validation pass).
@@ -30,7 +34,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_fedhet.config_summary import federated_config
+from lightning_fedhet.config_summary import engine_ran, federated_config
 from lightning_fedhet.history import round_metrics
 
 from ._common import federated_strategy, wandb_loggers
@@ -81,9 +85,13 @@ class RoundMetrics(Callback):
         self._announced = True
         if self.log_config:
             strategy = federated_strategy(trainer, type(self).__name__)
-            config = {"fedhet": federated_config(strategy, trainer.datamodule)}
+            config = federated_config(strategy, trainer.datamodule)
+            if strategy.spec.engine == "auto":
+                # not chosen yet (a choice read here would be an earlier fit's): logged at on_train_start
+                for key in engine_ran(strategy):
+                    config.pop(key)
             for logger in trainer.loggers:
-                logger.log_hyperparams(config)
+                logger.log_hyperparams({"fedhet": config})
         if self.round_axis:
             for logger in wandb_loggers(trainer):
                 run = logger.experiment
@@ -93,9 +101,16 @@ class RoundMetrics(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        strategy = federated_strategy(trainer, type(self).__name__)
         # rounds restored from a checkpoint were published by the run that trained them
-        self._published = len(federated_strategy(trainer, type(self).__name__).history)
+        self._published = len(strategy.history)
         self._unlogged = []
+        if self.log_config and strategy.spec.engine == "auto" and engine_ran(strategy):
+            # The fit's engine is chosen by now (when Lightning handed the strategy the train dataloader). The whole
+            # config again: loggers replace a top-level key's value (``fedhet``), they do not merge into it.
+            config = {"fedhet": federated_config(strategy, trainer.datamodule)}
+            for logger in trainer.loggers:
+                logger.log_hyperparams(config)
 
     # A round closes in the strategy's batch-end hook (or at the epoch's start when nobody trains). Its metrics
     # enter callback_metrics at the first of these hooks, before the round's validation and ModelCheckpoint.

@@ -3,7 +3,8 @@
 ``federated_config(strategy)`` answers "which federated experiment is this run?": the strategy and every setting of
 its :class:`~lightning_fedhet.spec.FederationSpec` (server rule and its arguments, participation process and its
 arguments, selection, local steps, channel, latency model, deadline, number of clients, partitioner, engine, compile,
-seed, optimizer state, client weights, update bound and its action). Loggers get it as
+seed, optimizer state, client weights, update bound and its action), and the engine that ran (:func:`engine_ran`:
+``engine`` is the setting, ``"auto"`` by default; ``engine.ran`` the engine that trains). Loggers get it as
 ``log_hyperparams({"fedhet": federated_config(...)})`` (see ``lightning_fedhet.callbacks.RoundMetrics``), so W&B runs
 can be grouped by ``fedhet.algorithm``, TensorBoard shows ``fedhet/algorithm`` and CSV runs carry it in
 ``hparams.yaml``.
@@ -25,7 +26,7 @@ import torch
 
 from lightning_fedhet.data.datamodule import FederatedDataModule
 
-__all__ = ["federated_config"]
+__all__ = ["engine_ran", "federated_config"]
 
 #: sequences up to this length are logged element by element; longer ones are summarised
 MAX_LIST = 16
@@ -45,7 +46,7 @@ def federated_config(strategy: Any, datamodule: Any = None) -> dict[str, Any]:
         ``{"strategy", "algorithm", "algorithm.<arg>"..., "participation", "participation.args", "selection",
         "channel", "local_steps", ..., "seed"}``: ``"strategy"`` and one key per field of the spec (the rule's and
         the participation process's arguments as extra keys), plus ``"partition_seed"`` when the split comes from a
-        ``FederatedDataModule``.
+        ``FederatedDataModule``, and :func:`engine_ran`'s keys once the engine is known.
     """
     spec = strategy.spec
     config: dict[str, Any] = {"strategy": type(strategy).__name__}
@@ -75,7 +76,25 @@ def federated_config(strategy: Any, datamodule: Any = None) -> dict[str, Any]:
             config["seed"] = int(strategy.seed)
         else:
             config[name] = _jsonable(value)
+    config.update(engine_ran(strategy))
     return config
+
+
+def engine_ran(strategy: Any) -> dict[str, Any]:
+    """The engine that trains ``strategy``'s fit: ``{"engine.ran": "sequential" | "vmap", "engine.compile": ...}``
+    (the ``compile`` it was made with: ``False``, ``True`` or a ``torch.compile`` mode).
+
+    For ``engine="auto"`` this is what the fit's choice picked (``strategy.engine_choice``), and ``{}`` before the fit
+    chose (the choice needs the first round's data, so it comes after Lightning's ``setup``); a named engine is
+    itself. A fit that resumes chooses again, so read it after the fit has started.
+    """
+    choice = getattr(strategy, "engine_choice", None)
+    if choice is not None:
+        return {"engine.ran": choice.name, "engine.compile": _jsonable(choice.compile)}
+    spec = strategy.spec
+    if spec.engine == "auto":  # engines.registry.AUTO (the engines sit above this module's layer)
+        return {}
+    return {"engine.ran": spec.engine, "engine.compile": _jsonable(spec.compile)}
 
 
 def _num_clients(num_clients: int | None, datamodule: Any) -> int | None:

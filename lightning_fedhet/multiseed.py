@@ -128,7 +128,8 @@ def fit_seeds(
         build: ``build(seed) -> (module, datamodule, strategy)``, called once per seed right after
             ``lightning.seed_everything(seed)``; ``strategy`` is a :class:`FedHetStrategy` or a
             :class:`~lightning_fedhet.spec.FederationSpec` whose seed is ``seed`` (or ``None``, which takes it); its
-            ``engine`` is not used (the seeds always train stacked in vmap cohorts), its ``compile`` is.
+            ``engine`` is not used (the seeds always train stacked in vmap cohorts), its ``compile`` is (``None``,
+            the default, runs uncompiled).
         seeds: distinct ints, one federation each (``S >= 1``).
         rounds: communication rounds, ``>= 1``.
         eval_every: call ``evaluate`` after every ``eval_every`` rounds and after the last; ``None``: only after the
@@ -159,7 +160,8 @@ def fit_seeds(
     _check_same_configuration(runs, optimizers)
     carrier, optimizer, epoch_schedulers = runs[0].module, optimizers[0], schedulers[0]
     layout = StateLayout(carrier)
-    compile = runs[0].strategy.compile
+    # None: engine="auto" (the default) left compiling to its per-fit choice, which a stacked run does not make
+    compile = runs[0].strategy.compile or False
     algorithm = runs[0].server.algorithm
 
     def to_device(batch: Any) -> Any:

@@ -60,7 +60,8 @@ class FederationSpec:
             ``latency``).
         num_clients: number of clients when the datamodule is a plain LightningDataModule (or the Flower run's).
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
-        engine: ``"sequential"``, ``"vmap"`` or ``"auto"`` (see :class:`~lightning_fedhet.FedHetStrategy`).
+        engine: ``"auto"`` (default: picked per fit, see :class:`~lightning_fedhet.FedHetStrategy`), ``"sequential"``
+            or ``"vmap"``; ``FedHetDDPStrategy`` takes ``"sequential"`` or ``"vmap"`` only.
         compile: ``True`` or a ``torch.compile`` mode for the vmap engine; ``None``: not compiled, except where
             ``engine="auto"`` finds that compiling pays (an explicit engine keeps ``False``).
         seed: seed of every random draw; ``None`` takes Lightning's global seed (``seed_everything``), else 0.
@@ -83,7 +84,7 @@ class FederationSpec:
     deadline: float | None = None
     num_clients: int | None = None
     partitioner: Any = None
-    engine: str = "sequential"
+    engine: str = AUTO
     compile: bool | str | None = None
     seed: int | None = None
     optimizer_state: str = "reset"

@@ -4,11 +4,13 @@ A thin Lightning adapter. One Lightning epoch is one communication round. The st
 
 * a :class:`~lightning_fedhet.server.Server` (framework-free: the round's plan, the global model, the rule, the
   history, the checkpointed state), and
-* the engine chosen at construction (:mod:`lightning_fedhet.engines`: ``"sequential"`` or ``"vmap"``),
+* the fit's engine (:mod:`lightning_fedhet.engines`: ``"sequential"`` or ``"vmap"``, as named, or as
+  ``engine="auto"``, the default, picks it for this fit),
 
-then forwards Lightning's hooks to the engine: the train dataloader becomes the round's batches
-(:meth:`Engine.round_batches`), each batch's start/step/end goes to the engine, validation inside a round sees
-the global model, and the server's state travels in Lightning's checkpoints under ``"fedhet"``.
+then forwards Lightning's hooks to the engine (on the Trainer's device unless ``device=`` names one): the train
+dataloader becomes the round's batches (:meth:`Engine.round_batches`), each batch's start/step/end goes to the engine,
+validation inside a round sees the global model, and the server's state travels in Lightning's checkpoints under
+``"fedhet"``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         deadline: optional per-round deadline in simulated seconds; updates arriving later are dropped.
         num_clients: number of clients when the datamodule is a plain LightningDataModule.
         partitioner: how to split a plain datamodule's training set (``IID()``, ``Dirichlet(a)``, or index lists).
-        engine: ``"sequential"`` (one client at a time through Lightning's loop, any module), ``"vmap"`` (the
-            round's cohort in lock-step with ``torch.func``, one Lightning step per round) or ``"auto"`` (vmap,
-            compiled where it pays, when the run passes vmap's checks and vmap pays on the device; sequential
-            otherwise; it says once which it picked and why, and ``strategy.engine_choice`` keeps it; see
-            :mod:`lightning_fedhet.engines.auto`).
+        engine: ``"auto"`` (default: vmap, compiled where it pays, when the run passes vmap's checks and vmap pays
+            on the device; sequential otherwise; it says once per fit which it picked and why,
+            ``strategy.engine_choice`` keeps it and the loggers get it as ``fedhet.engine.ran``; see
+            :mod:`lightning_fedhet.engines.auto`), ``"sequential"`` (one client at a time through Lightning's loop,
+            any module) or ``"vmap"`` (the round's cohort in lock-step with ``torch.func``, one Lightning step per
+            round).
         compile: ``engine="vmap"`` or ``"auto"``: ``True`` compiles the cohort step with ``torch.compile``,
             ``"reduce-overhead"`` adds CUDA graphs on a GPU; a model that cannot be compiled falls back to the
             eager cohort with one warning (see docs/performance.md for when it pays). ``None`` (default): not
@@ -59,7 +62,9 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         max_update_norm: optional bound on the L2 norm of a client's parameter update (robustness).
         update_norm_action: ``"reject"`` (such an update is rejected and counted, like a non-finite one) or
             ``"clip"`` (it is scaled down to the bound).
-        device: the device clients train on.
+        device: the device clients train on; ``None`` (default): the Trainer's device (the first of its
+            accelerator's devices, as Lightning's own single-device strategy takes it), CPU until a Trainer is
+            attached. An explicit device the Trainer's accelerator cannot use is refused at setup.
         spec: the federation's settings as one :class:`~lightning_fedhet.spec.FederationSpec` (then leave the
             arguments above, ``device`` excepted, at their defaults): ``FedHetStrategy(spec=FederationSpec(...))``.
 
@@ -91,14 +96,14 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         deadline: float | None = None,
         num_clients: int | None = None,
         partitioner: Any = None,
-        engine: str = "sequential",
+        engine: str = "auto",
         compile: bool | str | None = None,
         seed: int | None = None,
         optimizer_state: str = "reset",
         client_weights: str = "uniform",
         max_update_norm: float | None = None,
         update_norm_action: str = "reject",
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
         precision_plugin: Any = None,
@@ -106,8 +111,14 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         spec: FederationSpec | None = None,
     ) -> None:
         super().__init__(
-            device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
+            device="cpu" if device is None else device,
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
         )
+        #: the explicit ``device``, or None: the Trainer's (see :attr:`root_device`)
+        self._explicit_device: torch.device | None = None if device is None else torch.device(device)
+        self._trainer_devices: list[torch.device] | None = None
         settings = dict(
             algorithm=algorithm,
             participation=participation,
@@ -128,11 +139,28 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         )
         self._init_federation(spec_from_arguments(spec, FedHetStrategy.__init__, settings))
 
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """The device clients train on: the explicit ``device``, else the Trainer's (see :func:`resolve_device`)."""
+        return resolve_device(self._explicit_device, self._trainer_devices)
+
+    @property
+    def parallel_devices(self) -> None:
+        """Always ``None`` when read, so that Lightning's accelerator connector hands every Trainer this strategy
+        joins its own devices (it fills in a strategy's empty ``parallel_devices``, and would instead adopt a
+        non-empty list as the Trainer's, forcing a second Trainer onto the first one's accelerator)."""
+        return None
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device] | None) -> None:
+        self._trainer_devices = list(devices) if devices else None
+
     @override
     def setup_environment(self) -> None:
-        """Refuse a device the Trainer's accelerator cannot use before any work: ``device`` defaults to ``"cpu"``
-        (as Lightning's ``SingleDeviceStrategy``), so on a GPU machine ``Trainer(accelerator="auto")`` would pick
-        CUDA and fail deep inside Lightning with "Device should be GPU, got cpu"."""
+        """Refuse an explicit device the Trainer's accelerator cannot use before any work: ``device="cpu"`` with
+        ``Trainer(accelerator="gpu")`` would otherwise fail deep inside Lightning with "Device should be GPU, got
+        cpu"."""
         check_device_matches_accelerator(self.root_device, self.accelerator)
         super().setup_environment()
 
@@ -142,6 +170,17 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         strategy_registry.register(
             cls.strategy_name, cls, description="Federated simulation of heterogeneous clients (lightning-fedhet)"
         )
+
+
+def resolve_device(device: torch.device | None, trainer_devices: list[torch.device] | None) -> torch.device:
+    """The device clients train on: ``device`` when one was given, else the first of ``trainer_devices`` (the
+    Trainer's accelerator's devices, which Lightning's accelerator connector hands the strategy; Lightning's own
+    single-device strategy takes the first too), else the CPU (no Trainer attached yet)."""
+    if device is not None:
+        return torch.device(device)
+    if trainer_devices:
+        return torch.device(trainer_devices[0])
+    return torch.device("cpu")
 
 
 def check_device_matches_accelerator(device: torch.device, accelerator: pl.accelerators.Accelerator | None) -> None:
@@ -155,9 +194,9 @@ def check_device_matches_accelerator(device: torch.device, accelerator: pl.accel
     kind = type(accelerator).__name__
     if device.type == "cpu":
         raise ValueError(
-            f"FedHetStrategy(device='cpu') (the default) but the Trainer chose {kind}: pass "
-            "Trainer(accelerator='cpu') to simulate on the CPU, or FedHetStrategy(device='cuda:0') (the accelerator's "
-            "device) to train the clients there"
+            f"FedHetStrategy(device='cpu') but the Trainer chose {kind}: pass Trainer(accelerator='cpu') to simulate "
+            "on the CPU, or leave device unset (the Trainer's device) or pass FedHetStrategy(device='cuda:0') (the "
+            "accelerator's device) to train the clients there"
         )
     raise ValueError(
         f"FedHetStrategy(device='{device}') but the Trainer chose {kind}: pass the matching "

@@ -39,7 +39,8 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
     """Simulate federated training of the user's LightningModule on several processes (and nodes).
 
     Takes every argument of :class:`~lightning_fedhet.FedHetStrategy` (but ``device``: Lightning gives each process
-    its device) and gives the same run, up to the floating-point order of the sums over clients, plus:
+    its device; ``engine`` defaults to ``"sequential"`` here, and ``"auto"`` is refused) and gives the same run, up
+    to the floating-point order of the sums over clients, plus:
 
     Args:
         placement: which process trains which client: ``"balanced"`` (by local steps, longest first, ties by
@@ -51,7 +52,7 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
         start_method: how Lightning starts the processes: ``"popen"`` (re-runs the script; torchrun and SLURM start
             them themselves), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         spec: the federation's settings as one :class:`~lightning_fedhet.spec.FederationSpec` instead of the
-            keyword arguments (its ``engine`` must not be ``"auto"``).
+            keyword arguments (its ``engine`` must not be ``"auto"``, the spec's default: set it).
 
     Differences from one process:
 
@@ -133,7 +134,8 @@ class FedHetDDPStrategy(FederatedStrategyMixin, DDPStrategy):
             engine, optimizer_state = spec.engine, spec.optimizer_state
         if engine == "auto":
             raise ValueError(
-                "FedHetDDPStrategy takes engine='sequential' or 'vmap' (engine='auto' is FedHetStrategy's, one process)"
+                "FedHetDDPStrategy takes engine='sequential' or 'vmap' (engine='auto' is FedHetStrategy's, one "
+                "process): name one, in a FederationSpec too (its default is 'auto')"
             )
         if placement is not None:
             check_choice(placement, "placement", PLACEMENTS, alternatives="None")

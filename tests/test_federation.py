@@ -42,7 +42,9 @@ def _ids(t):
 
 def test_lossy_channel_in_the_loop_matches_independent_draws():
     channel = LossyChannel(uplink=0.3, downlink=0.2)
-    strategy = FedHetStrategy(participation=Bernoulli(0.7), channel=channel, local_steps=2, seed=5)
+    # the sequential engine: CountingClassifier reads which client is training at each step
+    strategy = FedHetStrategy(participation=Bernoulli(0.7), channel=channel, local_steps=2, seed=5,
+                              engine="sequential")
     model = _fit(strategy, rounds=8, model=CountingClassifier())
 
     reference = LossyChannel(uplink=0.3, downlink=0.2)
@@ -67,7 +69,7 @@ def test_lossy_channel_in_the_loop_matches_independent_draws():
 
 def test_dynamic_local_steps_run_exactly_as_drawn():
     steps = UniformSteps(1, 6)
-    strategy = FedHetStrategy(participation=UniformSample(5), local_steps=steps, seed=2)
+    strategy = FedHetStrategy(participation=UniformSample(5), local_steps=steps, seed=2, engine="sequential")
     model = _fit(strategy, rounds=5, model=CountingClassifier())
     drawn_any_difference = False
     for h in strategy.history:

@@ -88,7 +88,7 @@ class ValidationLoss(Callback):
 def test_validation_inside_a_round_sees_the_global_model():
     data = _data()
     probe = ValidationLoss(data.val_dataset)
-    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
     # 12 steps a round, validation every 4: twice mid-round (a client's weights in the module), once at the end
     trainer = quiet_trainer(strategy=strategy, max_epochs=2, val_check_interval=4, callbacks=[probe])
     trainer.fit(TinyClassifier(), datamodule=data)
@@ -96,7 +96,7 @@ def test_validation_inside_a_round_sees_the_global_model():
     for logged, expected in probe.pairs:
         assert logged == pytest.approx(expected, abs=1e-5)
     # after looking, the client that was training goes on from its own weights: the run equals one that never looked
-    unseen = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    unseen = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
     quiet_trainer(strategy=unseen, max_epochs=2, limit_val_batches=0).fit(TinyClassifier(), datamodule=_data())
     torch.testing.assert_close(strategy.global_params, unseen.global_params, rtol=0, atol=0)
 
@@ -148,7 +148,7 @@ def test_under_vmap_an_int_val_check_interval_counts_rounds_or_is_refused():
 
 def test_an_int_val_check_interval_longer_than_a_round_is_reported_once():
     # 4 clients x 3 local steps = 12 sequential steps a round: an interval of 20 is never reached inside a round
-    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
     seen = _ValidationSteps()
     trainer = quiet_trainer(strategy=strategy, max_epochs=3, val_check_interval=20, callbacks=[seen])
     message = r"val_check_interval=20\) was not reached in round 0.*12 Lightning step"
@@ -157,7 +157,7 @@ def test_an_int_val_check_interval_longer_than_a_round_is_reported_once():
     assert seen.steps == []
     assert sum("was not reached" in str(w.message) for w in got) == 1
     # counted across rounds instead: 3 rounds are 36 steps, validated once, after step 20
-    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3)
+    strategy = FedHetStrategy(participation=UniformSample(4), local_steps=3, engine="sequential")
     seen = _ValidationSteps()
     trainer = quiet_trainer(
         strategy=strategy, max_epochs=3, val_check_interval=20, check_val_every_n_epoch=None, callbacks=[seen]

@@ -53,7 +53,8 @@ def test_max_update_norm_rejects_or_clips(action, expected_received):
             loss = super().training_step(batch, batch_idx)
             return loss * 1e4 if self.trainer.strategy.server.current_client == 0 else loss
 
-    strategy = FedHetStrategy(local_steps=1, max_update_norm=1.0, update_norm_action=action)
+    # the sequential engine: Huge reads which client is training at each step
+    strategy = FedHetStrategy(local_steps=1, max_update_norm=1.0, update_norm_action=action, engine="sequential")
     model = Huge()
     before = flat_params(model).clone()
     data = FederatedDataModule(toy_dataset(16), [np.arange(8), np.arange(8, 16)], batch_size=8)

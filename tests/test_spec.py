@@ -23,8 +23,8 @@ from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
 def test_defaults_are_settled_once():
     spec = FederationSpec()
     assert isinstance(spec.algorithm, FedAvg) and isinstance(spec.participation, Full)
-    assert spec.compile is False  # an explicit engine compiles only when asked
-    assert FederationSpec(engine="auto").compile is None  # 'auto' decides
+    assert spec.engine == "auto" and spec.compile is None  # the default engine, 'auto', decides compiling too
+    assert FederationSpec(engine="sequential").compile is False  # an explicit engine compiles only when asked
     assert type(FederationSpec(num_clients=np.int64(3)).num_clients) is int
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.local_steps = 2
@@ -85,7 +85,7 @@ def test_a_spec_and_flat_settings_together_are_refused():
     with pytest.raises(TypeError, match=r"FedHetStrategy\(spec=...\) takes a FederationSpec, got dict"):
         FedHetStrategy(spec={"local_steps": 2})
     # a flat argument equal to its default is no conflict (LightningCLI passes every argument)
-    FedHetStrategy(local_steps=1, engine="sequential", spec=FederationSpec(local_steps=3))
+    FedHetStrategy(local_steps=1, engine="auto", spec=FederationSpec(local_steps=3))
 
 
 def test_the_many_process_strategy_takes_a_spec_and_refuses_what_it_cannot_run():
@@ -93,8 +93,11 @@ def test_the_many_process_strategy_takes_a_spec_and_refuses_what_it_cannot_run()
     assert (strategy.engine, strategy.local_steps, strategy.compile) == ("vmap", 2, False)
     with pytest.raises(ValueError, match="FedHetDDPStrategy takes engine='sequential' or 'vmap'"):
         FedHetDDPStrategy(spec=FederationSpec(engine="auto"))
+    # the spec's default engine is 'auto': the message says to name one
+    with pytest.raises(ValueError, match=r"name one, in a FederationSpec too \(its default is 'auto'\)"):
+        FedHetDDPStrategy(spec=FederationSpec())
     with pytest.raises(ValueError, match="placement='balanced' cannot keep optimizer_state='persist'"):
-        FedHetDDPStrategy(placement="balanced", spec=FederationSpec(optimizer_state="persist"))
+        FedHetDDPStrategy(placement="balanced", spec=FederationSpec(optimizer_state="persist", engine="sequential"))
 
 
 def _datamodule():

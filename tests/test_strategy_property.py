@@ -41,7 +41,7 @@ local_steps = st.one_of(
         "update_norm_action": arg(st.sampled_from(["reject", "clip"])),
         "optimizer_state": st.one_of(st.sampled_from(["reset", "persist"]), optimizer_state_junk),
         "client_weights": arg(st.sampled_from(["uniform", "samples"])),
-        "engine": st.one_of(st.sampled_from(["sequential", "vmap"]), engine_junk),
+        "engine": st.one_of(st.sampled_from(["sequential", "vmap", "auto"]), engine_junk),
     }),
     participation=st.sampled_from([None, Bernoulli(0.5), Bernoulli([0.5, 0.2, 0.9])]),
     channel=st.sampled_from([None, LossyChannel(0.1), LossyChannel(uplink=[0.1, 0.2])]),
@@ -52,7 +52,7 @@ def test_strategy_arguments(kwargs, participation, channel):
     if strategy is not None:
         # a strategy that builds keeps what it was given (a slip that swapped or defaulted an option fails)
         assert strategy.seed >= 0
-        assert strategy.engine == kwargs.get("engine", "sequential")
+        assert strategy.engine == kwargs.get("engine", "auto")
         assert strategy.optimizer_state_mode == kwargs.get("optimizer_state", "reset")
         assert strategy.update_norm_action == kwargs.get("update_norm_action", "reject")
         assert strategy.client_weights == kwargs.get("client_weights", "uniform")

@@ -9,6 +9,7 @@ import torch
 from flwr.serverapp import Grid
 from torch import nn
 
+from lightning_fedhet.engines.registry import AUTO
 from lightning_fedhet.spec import FederationSpec
 
 log = logging.getLogger("flwr")  # Flower's logger: the messages appear with Flower's own
@@ -20,8 +21,8 @@ SIMULATED_SETTINGS = {
     "latency": None,
     "deadline": None,
     "partitioner": None,
-    "engine": "sequential",
-    "compile": False,
+    "engine": AUTO,  # the spec's defaults: each node trains through its own Trainer, no engine of ours
+    "compile": None,
     "optimizer_state": "reset",
 }
 

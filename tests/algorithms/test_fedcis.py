@@ -471,7 +471,8 @@ def test_end_to_end_with_strategy_and_early_exit_classifier():
     net = early_exit_resnet18(num_classes=10, exits=(3, 9), in_channels=3, base_width=4)
     model = RecordingEEC(model=net, num_classes=10, lr=0.05)
     algo = RecordingFedCIS(topo, "serving_rate", p=0.3)
-    strategy = FedHetStrategy(algorithm=algo, local_steps=steps, seed=3)
+    # the sequential engine: the module records each step's exit, client after client
+    strategy = FedHetStrategy(algorithm=algo, local_steps=steps, seed=3, engine="sequential")
     trainer = quiet_trainer(strategy=strategy, max_epochs=rounds, limit_val_batches=0)
     trainer.fit(model, datamodule=data)
 

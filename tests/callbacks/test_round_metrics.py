@@ -127,6 +127,8 @@ def test_round_metrics_are_logged_once_per_round(tmp_path):
 
 
 def test_federated_config_goes_to_log_hyperparams(tmp_path):
+    """The default ``engine="auto"`` is logged as set, and the engine that ran beside it: a linear model on a CPU
+    passes vmap's checks, and a 1-round fit is below the 200 rounds from which auto compiles on a CPU."""
     strategy = FedHetStrategy(algorithm=FedAvg(weighting="participating"), participation=UniformSample(3),
                               local_steps=2, seed=7)
     logger = CSVLogger(tmp_path)
@@ -146,8 +148,8 @@ def test_federated_config_goes_to_log_hyperparams(tmp_path):
         "local_steps": 2,
         "latency": None,
         "deadline": None,
-        "engine": "sequential",
-        "compile": False,
+        "engine": "auto",
+        "compile": None,
         "num_clients": 8,
         "partitioner": "IID()",
         "partition_seed": 0,
@@ -156,6 +158,8 @@ def test_federated_config_goes_to_log_hyperparams(tmp_path):
         "client_weights": "uniform",
         "max_update_norm": None,
         "update_norm_action": "reject",
+        "engine.ran": "vmap",
+        "engine.compile": False,
     }
 
 
@@ -179,6 +183,7 @@ def test_every_setting_of_the_spec_is_logged(tmp_path):
     assert (logged["optimizer_state"], logged["client_weights"]) == ("persist", "samples")
     assert (logged["max_update_norm"], logged["update_norm_action"]) == (5.0, "clip")
     assert (logged["selection"], logged["num_clients"], logged["partitioner"]) == ("UniformSample(k=2)", 8, "IID()")
+    assert (logged["engine"], logged["engine.ran"], logged["engine.compile"]) == ("sequential", "sequential", False)
 
 
 def test_federated_config_of_a_plain_datamodule_setup():

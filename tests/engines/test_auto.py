@@ -11,6 +11,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.participation import Bernoulli
@@ -127,3 +128,33 @@ def test_auto_follows_an_explicit_compile_and_validates_it():
         from lightning_fedhet.strategy_ddp import FedHetDDPStrategy
 
         FedHetDDPStrategy(engine="auto")
+
+
+@pytest.mark.parametrize(
+    ("make_model", "engine", "lightning_steps"),
+    [
+        # vmap: one Lightning step per round, 3 rounds
+        (lambda: TinyClassifier(momentum=0.5), "vmap", 3),
+        # sequential: one Lightning step per local step: 3 rounds x 6 clients (Full) x 2 local steps = 36
+        (_Branching, "sequential", 36),
+    ],
+    ids=["vmap-able", "not-vmap-able"],
+)
+def test_the_default_engine_is_auto_and_trains_with_its_choice(notes, tmp_path, make_model, engine, lightning_steps):
+    """``FedHetStrategy()`` with no ``engine``: auto's choice is said once, and it is the engine that ran (told apart
+    by Lightning's step count) and the one the loggers get as ``fedhet.engine.ran``."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    strategy = FedHetStrategy(local_steps=2, seed=4)
+    assert strategy.engine == "auto"
+    logger = CSVLogger(tmp_path)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0, logger=logger)
+    trainer.fit(make_model(), datamodule=equal_clients(6))
+    said = [message for message in notes if "engine='auto'" in message]
+    assert len(said) == 1 and f"engine={engine!r}" in said[0], said
+    assert strategy.engine_choice.name == engine
+    assert trainer.global_step == lightning_steps
+    assert strategy.federated_config()["engine.ran"] == engine
+    with open(f"{logger.log_dir}/hparams.yaml") as f:
+        logged = yaml.safe_load(f)["fedhet"]
+    assert (logged["engine"], logged["engine.ran"], logged["engine.compile"]) == ("auto", engine, False)

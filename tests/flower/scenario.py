@@ -56,7 +56,8 @@ def strategy_kwargs(rule: str) -> dict:
 def run_in_process(rule: str) -> tuple[object, FedHetStrategy]:
     """The simulation: returns (final module, strategy)."""
     model = module()
-    strategy = FedHetStrategy(**strategy_kwargs(rule))
+    # the sequential engine: the nodes train one client at a time through Lightning's loop, as it does
+    strategy = FedHetStrategy(**strategy_kwargs(rule), engine="sequential")
     datamodule = FederatedDataModule(dataset(), partitions(), batch_size=BATCH_SIZE)
     quiet_trainer(strategy=strategy, max_epochs=ROUNDS).fit(model, datamodule=datamodule)
     return model, strategy

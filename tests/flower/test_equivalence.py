@@ -146,7 +146,7 @@ def test_failed_and_non_finite_nodes_count_as_absent(flower_runs):
     model = scenario.module()
     strategy = FedHetStrategy(
         algorithm=FedAvg(), participation=Trace(absent), local_steps=list(scenario.LOCAL_STEPS), seed=scenario.SEED,
-        client_weights="samples",
+        client_weights="samples", engine="sequential",
     )
     datamodule = FederatedDataModule(scenario.dataset(), scenario.partitions(), batch_size=scenario.BATCH_SIZE)
     quiet_trainer(strategy=strategy, max_epochs=scenario.ROUNDS).fit(model, datamodule=datamodule)
