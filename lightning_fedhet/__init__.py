@@ -9,6 +9,8 @@ Example::
     Trainer(strategy=strategy, max_epochs=50).fit(model, datamodule=FederatedDataModule(train, Dirichlet(0.5), 100))
 """
 
+# first: from a source checkout that is not installed, finds lightning_fedhet.callbacks and .model_zoo
+from lightning_fedhet import _source_checkout  # noqa: F401  isort: skip
 from lightning_fedhet import asynchronous  # noqa: F401  (registers the "fedast" strategy)
 from lightning_fedhet.algorithms import Algorithm, ClientInfo, FedAvg, RoundContext
 from lightning_fedhet.data import IID, Dirichlet, FederatedDataModule
