@@ -86,3 +86,42 @@ def test_stacked_seeds_give_each_seed_its_single_seed_run():
         assert np.allclose(out["metrics"]["val_acc"], single["metrics"]["val_acc"], atol=1e-3)
         assert out["data_checksum"] == single["data_checksum"] and len(out["data_checksum"]) == 64
     assert stacked[0]["data_checksum"] != stacked[1]["data_checksum"]
+
+
+def _v3_record(beta, seed, acc, late=0.0):
+    """A v3 record whose accuracy is ``acc`` at every evaluation, plus ``late`` from round 136 on."""
+    cell = next(c for c in fedstale.CELLS if c.config["beta"] == beta)
+    rounds = list(range(2, 151, 2))
+    return {"study": "fedstale", "protocol": "v3", "setting": cell.setting, "method": cell.method, "seed": seed,
+            "commit": "abc", "dirty": False, "engine": "vmap", "device": "cpu", "torch": "2", "wall_s": 1.0,
+            "cpu_s": 1.0, "config": cell.config,
+            "metrics": {"round": rounds, "val_acc": [acc + (late if r > 135 else 0.0) for r in rounds],
+                        "received": [12] * 150, "received_low": [2] * 150}}
+
+
+def test_v3_claims_by_the_rule_on_holm_intervals_and_the_convergence_check(tmp_path):
+    """18 seeds. beta 0.8 - beta 0 = beta 0.8 - beta 1 = +1 pp on every seed (SD 0): every interval is [1, 1] pp ->
+    C1, C2 reproduced. beta 0.5 = beta 0 = beta 1 +/- 0.1 pp alternating over the seeds (mean 0) -> C3, C4 hold 0:
+    inconclusive (no paper number). Then beta 1's curve jumps by 2 pp from round 136
+    on: its tail change (rounds 136-150 minus 121-135) is +2 pp > 1 pp -> C2 and C4 not converged, C1 and C3 not."""
+    def records(late_for_beta1=0.0):
+        out = []
+        for seed in fedstale.SEEDS:
+            wiggle = 0.001 if seed % 2 else -0.001
+            out += [_v3_record(0.0, seed, 0.70), _v3_record(0.8, seed, 0.71), _v3_record(0.2, seed, 0.70),
+                    _v3_record(1.0, seed, 0.70, late_for_beta1),
+                    _v3_record(0.5, seed, 0.70 + wiggle)]
+        return out
+
+    labels = {s.claim.split()[0]: s.verdict for s in fedstale.write_report(records(), tmp_path)
+              if s.claim.endswith("[v3]")}
+    assert labels == {"C1": "reproduced", "C2": "reproduced", "C3": "inconclusive", "C4": "inconclusive"}
+    labels = {s.claim.split()[0]: s.verdict for s in fedstale.write_report(records(0.02), tmp_path)
+              if s.claim.endswith("[v3]")}
+    assert labels["C1"] == "reproduced" and labels["C3"] == "inconclusive"
+    assert labels["C2"] == "not converged" and labels["C4"] == "not converged"
+    page = (tmp_path / "fedstale.md").read_text()
+    assert "+2.00 pp" in page and "0.316228 (interior)" in page
+    short = [r for r in records() if r["seed"] != fedstale.SEEDS[-1]]
+    labels = {s.claim.split()[0]: s.verdict for s in fedstale.write_report(short, tmp_path) if s.claim.endswith("[v3]")}
+    assert set(labels.values()) == {"pending (17/18 seeds)"}

@@ -15,6 +15,7 @@ unbiased FedVARP) for ``beta`` in {0, 0.2, 0.5, 0.8, 1}.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -29,19 +30,24 @@ from lightning_fedhet.experiments import (
     Cell,
     Summary,
     by_seed,
+    decide_paired,
+    family_intervals,
     fmt_ci,
     fmt_mean_ci,
+    grid_place,
     markdown_table,
     mean_ci,
     new_figure,
     paired,
     reproduce_section,
     save_figure,
+    seeds_done,
+    tail_change,
     verdict_for_gain,
 )
 from lightning_fedhet.participation import Bernoulli, TwoGroup
 
-from . import _repo, _train
+from . import _repo, _train, _v3
 
 NUM_CLASSES = 10
 BETAS = (0.0, 0.2, 0.5, 0.8, 1.0)
@@ -197,8 +203,23 @@ RUN_ORDER = (0.0, 0.8, 1.0, 0.5, 0.2)
 CELLS = tuple(Cell(SETTING, method_name(b), {**BASE, "beta": b}) for b in RUN_ORDER) + tuple(
     Cell(GPU_SETTING, method_name(b), {**BASE, "beta": b, "width": 32, "hidden": 128, "batch_size": 128,
                                                "needs_gpu": True}) for b in RUN_ORDER)
+V2_SEEDS, V2_CELLS = SEEDS, CELLS
+
+# ------------------------------------------------------------------------------------------------ protocol v3 cells
+PROTOCOL = "v3"
+#: fresh seeds (none used by v1, v2 or the pilots): 80 % power for C1 at v2's paired SD needs 18
+SEEDS = tuple(range(20, 38))
+#: the client learning-rate grid of protocol v3: the paper's top value 1e-2 extended upwards until the pick is interior
+V3_GRID = (1e-2, 10 ** -1.5, 1e-1, 10 ** -0.5, 1.0)
+V3_LR = 10 ** -0.5  # the pilot's pick (seed 100; protocol v3, "Pilot"), interior: 1e-1 lower, 1 diverges
+V3_ROUNDS = 150
+#: protocol v3's convergence check: |tail_change| of a cell's seed-mean accuracy curve below 1 pp
+CONVERGENCE_BOUND = 0.01
+V3_SETTING = SETTING + ", converged"
+V3_BASE = {**BASE, "lr": V3_LR, "lr_grid": list(V3_GRID), "rounds": V3_ROUNDS}
+CELLS = tuple(Cell(V3_SETTING, method_name(b), {**V3_BASE, "beta": b}) for b in RUN_ORDER)
 #: per protocol: its seeds and cells (the page shows every protocol with its own verdicts)
-PROTOCOLS = {"v1": (V1_SEEDS, V1_CELLS), PROTOCOL: (SEEDS, CELLS)}
+PROTOCOLS = {"v1": (V1_SEEDS, V1_CELLS), "v2": (V2_SEEDS, V2_CELLS), PROTOCOL: (SEEDS, CELLS)}
 
 #: The paper's Fig. 5 (thesis Fig. 3.5), "Exact" row, sigma = 0.6, p_avg/p_min = 3: beta_opt and its accuracy gains
 #: in percentage points over FedAvg (Delta_0) and over FedVARP (Delta_1).
@@ -292,6 +313,92 @@ def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, rec
     return lines
 
 
+def _fmt_pp(mean: float, lo: float, hi: float) -> str:
+    return fmt_ci(mean, lo, hi, unit=" pp")
+
+
+def _v2_relabel(recs: list[dict], labels: dict | None = None) -> list[str]:
+    """Protocol v2's claims under the v3 rule, beside the labels v2 registered ("v2 records, v3 rule"). The v3 rule
+    withholds a verdict from cells that fail protocol v3's convergence check, and every v2 cell does (its accuracy
+    still rises by about 3 pp over the last 20 % of its 50 rounds); the labels the intervals alone would give are
+    shown beside."""
+    acc = {b: by_seed(recs, final_acc, setting=SETTING, method=method_name(b)) for b in BETAS}
+    change = {b: _v3_checks(recs, b)[0] for b in BETAS if acc[b]}
+    gains = {cid: (acc[b], acc[base], None if gain is None else gain / 100) for cid, b, base, gain, _ in CLAIMS}
+    relabelled = _v3.relabel(gains, len(V2_SEEDS))
+    rows = []
+    for cid, b, base, gain, _ in CLAIMS:
+        r = relabelled[cid]
+        mean, lo, hi, _n = paired(acc[b], acc[base])
+        registered = (verdict_for_gain(lo, mean, hi, None if gain is None else gain / 100)
+                      if r.raw.n >= len(V2_SEEDS) else "pending")
+        conv = all(abs(change.get(x, 0.0)) < CONVERGENCE_BOUND for x in (b, base))
+        v3 = decide_paired(acc[b], acc[base], None if gain is None else gain / 100, len(V2_SEEDS), converged=conv)
+        drift = ", ".join(f"{100 * change[x]:+.1f}" for x in (b, base) if x in change)
+        holm, raw_label, on_holm = _v3.cells(r, _fmt_pp)
+        if labels is not None:
+            labels[cid] = v3.text() + _v3.MARK
+        rows.append((cid, f"{_label(b)} - {_label(base)}", _fmt_pp(mean, lo, hi), registered, holm,
+                     f"**{v3.text()}** (change {drift} pp)", raw_label.strip("*"), on_holm))
+    return [_v3.note(len(CLAIMS), "C1-C4"),
+            "Protocol v3's convergence check (|change of the seed-mean accuracy over the last 20 % of rounds| < "
+            f"{100 * CONVERGENCE_BOUND:g} pp) fails for every v2 cell: the v2 runs still climb at round 50. Under the "
+            "v3 rule they get no verdict; the last two columns give the labels the raw and the Holm intervals alone "
+            "would give.\n",
+            markdown_table(("claim", "difference", "ours (raw 95 % CI)", "v2 label (registered rule)",
+                            "Holm-adjusted interval", "v3 label (v2 records, v3 rule)", "the raw interval alone",
+                            "the Holm interval alone"), rows), ""]
+
+
+def _v3_checks(recs: list[dict], beta: float) -> tuple[float, bool]:
+    """A v3 cell's convergence check: ``tail_change`` of its seed-mean curve and whether it is below the bound."""
+    runs = [r for r in recs if r["method"] == method_name(beta)]
+    curve = np.mean([r["metrics"]["val_acc"] for r in runs], axis=0)
+    change = tail_change(runs[0]["metrics"]["round"], curve)
+    return change, abs(change) < CONVERGENCE_BOUND
+
+
+def _v3_section(recs: list[dict], summaries: list) -> list[str]:
+    """Protocol v3: each beta with its convergence check and the learning rate's place in its grid, and C1-C4
+    decided by :func:`~lightning_fedhet.experiments.decide` on Holm intervals over the four claims."""
+    planned = len(SEEDS)
+    place = grid_place(V3_LR, V3_GRID)
+    acc = {b: by_seed(recs, final_acc, setting=V3_SETTING, method=method_name(b)) for b in BETAS}
+    checks = {b: _v3_checks(recs, b) for b in BETAS if acc[b]}
+    rows = [(_label(b), f"{V3_LR:g} ({place})", fmt_mean_ci(list(acc[b].values())),
+             f"{100 * checks[b][0]:+.2f} pp", "yes" if checks[b][1] else "**no**", seeds_done(len(acc[b]), planned))
+            for b in BETAS if acc[b]]
+    lines = [f"### {V3_SETTING}\n", describe(CELLS[0].config) + ".\n",
+             markdown_table(("method", "client lr (place in the grid)", "test accuracy % (mean [95 % CI])",
+                             "convergence: change over the last 20 % of rounds (seed-mean curve)",
+                             f"converged (< {100 * CONVERGENCE_BOUND:g} pp)", "seeds"), rows)]
+    means = {b: mean_ci(list(acc[b].values()))[0] for b in BETAS if acc[b]}
+    if means:
+        best = max(means, key=lambda b: means[b])
+        done = all(len(acc[b]) >= planned for b in BETAS)
+        lines.append(f"\nBest beta by mean accuracy: **{best:g}**{'' if done else ' (incomplete cells)'} "
+                     f"(paper: {PAPER_BETA_OPT:g}).\n")
+    diffs = {cid: [acc[b][k] - acc[base][k] for k in sorted(set(acc[b]) & set(acc[base]))]
+             for cid, b, base, _, _ in CLAIMS}
+    holm = family_intervals(diffs, method="holm")
+    prow = []
+    for cid, b, base, gain, where in CLAIMS:
+        conv = all(checks.get(x, (0.0, True))[1] for x in (b, base))
+        d = decide_paired(acc[b], acc[base], None if gain is None else gain / 100, planned,
+                          interval=holm[cid][1:], converged=conv, lr_interior=place == "interior")
+        mean, lo, hi, n = paired(acc[b], acc[base])
+        paper = "a gain (no number in the text)" if gain is None else f"+{gain:g} pp"
+        prow.append((cid, f"{_label(b)} - {_label(base)}", n, _fmt_pp(mean, lo, hi), _fmt_pp(d.mean, d.lo, d.hi),
+                     paper, f"**{d.text()}**"))
+        summaries.append(Summary(f"{cid} {where} [v3]", paper, f"{_fmt_pp(mean, lo, hi)} ({n} seeds)", d.text()))
+    lines += ["Claims, decided by `lightning_fedhet.experiments.decide` on **Holm intervals over the four claims** "
+              "(the raw 95 % interval beside); a claim whose cells are not converged, or whose learning rate sits at "
+              "its grid's edge, gets no verdict:\n",
+              markdown_table(("claim", "difference", "seeds", "ours (raw 95 % CI)", "deciding interval (Holm, 4 "
+                              "claims)", "paper", "v3 label"), prow), ""]
+    return lines
+
+
 def write_report(records: list[dict], out) -> list:
     out_dir = out / "fedstale"
     lines = [
@@ -315,19 +422,39 @@ def write_report(records: list[dict], out) -> list:
         "smaller; **direction only** when the mean is positive but the interval reaches 0; **not reproduced** when "
         "the mean gain is 0 or negative; **pending** while a cell has fewer records than the protocol's seeds. An "
         "inconclusive verdict (interval around 0) whose interval is wider than the paper's effect says so: such a "
-        "test could not have resolved the paper's gain.\n",
+        "test could not have resolved the paper's gain. (Protocols v1 and v2.)\n",
+        "Protocol v3 decides with the library's rule, `lightning_fedhet.experiments.decide`: **reproduced** when the "
+        "deciding interval lies above 0, **opposite sign** when below 0, **not reproduced** when it holds 0 and lies "
+        "below the paper's gain, **inconclusive** when it holds both (or, for a claim without a number, holds 0), "
+        "**pending** while a cell has fewer seeds than planned; the deciding interval is Holm-adjusted over C1-C4; a "
+        "cell that fails its convergence check or whose learning rate sits at its grid's edge gets no verdict.\n",
     ]
     summaries: list = []
     fig, axes = new_figure(ncols=2, width=5.0, height=3.6)
     for k, (protocol, (seeds, cells)) in enumerate(PROTOCOLS.items()):
         recs = [r for r in records if r["protocol"] == protocol]
         lines.append(f"## Results, protocol {protocol} ({len(seeds)} seeds)\n")
-        settings = list(dict.fromkeys(cell.setting for cell in cells))
-        for setting in settings:
-            here = [cell for cell in cells if cell.setting == setting]
-            srecs = [r for r in recs if r["setting"] == setting]
-            lines += _setting_section(protocol, setting, here, seeds, srecs, summaries, setting == SETTING)
-        acc = {b: by_seed(recs, final_acc, setting=SETTING, method=method_name(b)) for b in BETAS}
+        primary = V3_SETTING if protocol == PROTOCOL else SETTING
+        if protocol == PROTOCOL:
+            if recs:
+                lines += _v3_section(recs, summaries)
+            else:
+                lines.append("No records yet: every claim is **pending**.\n")
+                summaries += [Summary(f"{cid} {where} [v3]", "a gain (no number in the text)" if gain is None
+                                      else f"+{gain:g} pp", "–", "pending") for cid, _, _, gain, where in CLAIMS]
+        else:
+            settings = list(dict.fromkeys(cell.setting for cell in cells))
+            for setting in settings:
+                here = [cell for cell in cells if cell.setting == setting]
+                srecs = [r for r in recs if r["setting"] == setting]
+                lines += _setting_section(protocol, setting, here, seeds, srecs, summaries, setting == SETTING)
+                if protocol == "v2" and setting == SETTING and srecs:
+                    labels: dict[str, str] = {}
+                    lines += _v2_relabel(srecs, labels)
+                    summaries[:] = [dataclasses.replace(x, verdict=labels[x.claim.split()[0]])
+                                    if x.claim.endswith("[v2]") and x.claim.split()[0] in labels else x
+                                    for x in summaries]
+        acc = {b: by_seed(recs, final_acc, setting=primary, method=method_name(b)) for b in BETAS}
         xs = [b for b in BETAS if acc[b]]
         cis = [mean_ci(list(acc[b].values())) for b in xs]
         axes[0].errorbar([x + 0.01 * k for x in xs], [100 * m for m, _, _ in cis],
@@ -336,7 +463,7 @@ def write_report(records: list[dict], out) -> list:
                          label=f"protocol {protocol}")
         if protocol == PROTOCOL:
             for b in xs:
-                rs = [r for r in recs if r["setting"] == SETTING and r["method"] == method_name(b)]
+                rs = [r for r in recs if r["setting"] == primary and r["method"] == method_name(b)]
                 curves = np.array([r["metrics"]["val_acc"] for r in rs])
                 axes[1].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), label=f"{_label(b)} (n={len(rs)})")
     axes[0].set(title=SETTING, xlabel="beta",
@@ -350,7 +477,7 @@ def write_report(records: list[dict], out) -> list:
     lines += [
         "![accuracy against beta, and per round](fedstale/accuracy.png)\n",
         *reproduce_section(records, (
-            f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale --settings '{SETTING}'   # the CPU cells",
+            f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale --settings '{V3_SETTING}'   # protocol v3",
             "python scripts/reproduce.py report                                  # this page, from the records",
         )),
     ]
