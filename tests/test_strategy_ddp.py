@@ -79,7 +79,7 @@ def ddp(tmp_path_factory):
 
 def _one_process_checkpoint(path: Path) -> None:
     """The 1 -> 2 case: 2 rounds with one process, saved at the round end."""
-    strategy = FedHetStrategy(**worker.ckpt_settings())
+    strategy = FedHetStrategy(**worker.ckpt_settings(), engine="sequential")
     torch.manual_seed(0)
     trainer = quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0)
     trainer.fit(TinyClassifier(momentum=0.5), datamodule=worker.six_clients())
@@ -135,7 +135,7 @@ def test_two_clients_by_client_is_bitwise_one_process(ddp):
     try:
         torch.manual_seed(0)
         data = FederatedDataModule(toy_dataset(64), [np.arange(0, 32), np.arange(32, 64)], batch_size=8)
-        strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=3, seed=1)
+        strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=3, seed=1, engine="sequential")
         torch.manual_seed(0)
         quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(
             TinyClassifier(momentum=0.5), datamodule=data
@@ -150,7 +150,7 @@ def test_two_clients_by_client_is_bitwise_one_process(ddp):
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 def _uninterrupted() -> FedHetStrategy:
-    strategy = FedHetStrategy(**worker.ckpt_settings())
+    strategy = FedHetStrategy(**worker.ckpt_settings(), engine="sequential")
     torch.manual_seed(0)
     quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(
         TinyClassifier(momentum=0.5), datamodule=worker.six_clients()
@@ -162,7 +162,7 @@ def test_checkpoint_two_processes_resumed_with_one(ddp):
     saved, _ = ddp("ckpt_save")
     path = ddp.out / "ckpt_2proc" / "epoch=1.ckpt"  # written after round 2 (epochs are 0-based)
     assert torch.load(path, weights_only=False)["fedhet"]["next_round"] == 2
-    resumed = FedHetStrategy(**worker.ckpt_settings())
+    resumed = FedHetStrategy(**worker.ckpt_settings(), engine="sequential")
     torch.manual_seed(0)
     quiet_trainer(strategy=resumed, max_epochs=ROUNDS, limit_val_batches=0).fit(
         TinyClassifier(momentum=0.5), datamodule=worker.six_clients(), ckpt_path=str(path)
@@ -186,7 +186,7 @@ def test_three_clients_on_two_processes(ddp):
     r0, r1 = ddp("three_clients")
     _same_on_both_ranks(r0, r1)
     data = worker.three_clients()
-    strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 2, 3], seed=2)
+    strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 2, 3], seed=2, engine="sequential")
     torch.manual_seed(0)
     quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(TinyClassifier(), datamodule=data)
     _assert_same_run(strategy, _as_run(r0))
@@ -200,7 +200,7 @@ def test_vmap_on_each_process_logs_the_round_mean_over_every_client_step(ddp):
     r0, r1 = ddp("uneven_vmap_logging")
     _same_on_both_ranks(r0, r1)
     data = worker.three_clients()
-    strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2)
+    strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=[1, 1, 3], seed=2, engine="sequential")
     torch.manual_seed(0)
     trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0)
     trainer.fit(worker.ReducingClassifier(), datamodule=data)
@@ -214,7 +214,8 @@ def test_vmap_on_each_process_logs_the_round_mean_over_every_client_step(ddp):
 def test_single_client_rounds_one_process_pads_and_sync_dist_logging_works(ddp, engine: str):
     r0, r1 = ddp("single_client" if engine == "sequential" else "single_client_vmap")
     _same_on_both_ranks(r0, r1)
-    strategy = FedHetStrategy(algorithm=FedAvg(), participation=UniformSample(1), local_steps=2, seed=4)
+    strategy = FedHetStrategy(algorithm=FedAvg(), participation=UniformSample(1), local_steps=2, seed=4,
+                              engine="sequential")
     torch.manual_seed(0)
     trainer = quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0)
     trainer.fit(worker.LoggingClassifier(), datamodule=worker.six_clients())
@@ -228,14 +229,14 @@ def test_more_processes_than_clients(ddp):
     r0, r1 = ddp("one_client")
     _same_on_both_ranks(r0, r1)
     data = FederatedDataModule(toy_dataset(16), [np.arange(16)], batch_size=4)
-    strategy = FedHetStrategy(algorithm=FedStale(beta=0.5), local_steps=2, seed=2)
+    strategy = FedHetStrategy(algorithm=FedStale(beta=0.5), local_steps=2, seed=2, engine="sequential")
     torch.manual_seed(0)
     quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(TinyClassifier(), datamodule=data)
     _assert_same_run(strategy, _as_run(r0))
 
 
 def _one_process(model, **settings) -> FedHetStrategy:
-    strategy = FedHetStrategy(**worker.hetero(FedAvg()), **settings)
+    strategy = FedHetStrategy(**{"engine": "sequential", **worker.hetero(FedAvg()), **settings})
     torch.manual_seed(0)
     quiet_trainer(strategy=strategy, max_epochs=ROUNDS, limit_val_batches=0).fit(model, datamodule=worker.six_clients())
     return strategy

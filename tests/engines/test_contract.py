@@ -134,7 +134,7 @@ _reference_cache: dict[str, FedHetStrategy] = {}
 
 def _reference(case: str) -> FedHetStrategy:
     if case not in _reference_cache:
-        _reference_cache[case] = _run({}, case)
+        _reference_cache[case] = _run({"engine": "sequential"}, case)  # named: the default, "auto", may pick vmap
     return _reference_cache[case]
 
 
@@ -177,7 +177,7 @@ def test_vmap_with_batchnorm_matches_sequential(case: str):
     # Per-client running statistics and num_batches_tracked under vmap, averaged by the server as under the
     # sequential engine: the global vector holds the parameters and the running means/variances, so a shared
     # (not per-client) statistic, a missing buffer update or a buffer averaged like a parameter would differ here.
-    reference = _run_batchnorm({}, case)
+    reference = _run_batchnorm({"engine": "sequential"}, case)
     out = _run_batchnorm(dict(engine="vmap"), case)
     _assert_same_run(reference, out, rounds=BATCHNORM_ROUNDS)
     ref_ints, out_ints = reference.server.global_ints, out.server.global_ints
