@@ -166,7 +166,8 @@ def lock_step_batches(
 ) -> Callable[[int], list]:
     """``lock_step(k)``: local step ``k``'s batch of every group, stacked ``[C, B, ...]`` and moved to the device.
 
-    A client that has finished repeats its last batch; its cohort leaves its rows unchanged.
+    A client that has finished repeats its last batch; its cohort leaves its rows unchanged. Each group's dataset
+    indices for every lock-step are stacked once, when the round opens (:func:`index_table`), so a step only gathers.
     """
     by_client: list[dict[int, list[np.ndarray]]] = []
     for _, plan in members:
@@ -177,14 +178,14 @@ def lock_step_batches(
     streams = [server.streams for server, _ in members]
     # one gather for every federation when they draw from the same dataset the same way (seeds of one configuration)
     shared = all(s.dataset is streams[0].dataset and s.collate_fn is streams[0].collate_fn for s in streams)
-
-    def rows(group: CohortGroup, k: int) -> list[np.ndarray]:
-        return [by_client[o][c][min(k, len(by_client[o][c]) - 1)] for o, c in zip(group.owners, group.cohort.clients)]
+    tables = [
+        index_table([by_client[o][c] for o, c in zip(group.owners, group.cohort.clients)]) for group in groups
+    ]
 
     def lock_step(k: int) -> list:
         out = []
-        for group in groups:
-            indices = np.stack(rows(group, k))
+        for group, table in zip(groups, tables):
+            indices = table[min(k, len(table) - 1)]
             if shared:
                 batch = streams[0].stacked_batch(indices)
             else:
@@ -195,6 +196,15 @@ def lock_step_batches(
         return out
 
     return lock_step
+
+
+def index_table(batches: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """The dataset indices of every lock-step of one cohort, ``[K, C, B]``, from each client's mini-batches (``C``
+    lists of ``[B]`` arrays; ``K`` is the longest list): client ``r`` at step ``k`` takes its mini-batch
+    ``min(k, K_r - 1)``, so a client whose local steps are used up repeats its last batch. One ``np.stack`` a round."""
+    steps = max(len(own) for own in batches)
+    flat = [own[min(k, len(own) - 1)] for k in range(steps) for own in batches]
+    return np.stack(flat).reshape(steps, len(batches), -1)
 
 
 def cat_batches(batches: Sequence) -> object:
