@@ -199,6 +199,12 @@ class VmapCohort:
         self._eager_grad_fn: Callable | None = None  # built on first use: a compiled cohort may never need it
 
     @property
+    def rows(self) -> int:
+        """The stacked rows: the cohort's clients, then the padding rows of a compiled cohort's bucket. :meth:`step`
+        takes a batch of ``len(clients)`` rows or of ``rows`` (padding rows repeating row 0, as :func:`pad_rows`)."""
+        return self._rows
+
+    @property
     def compiled(self) -> bool:
         """Whether the next step runs compiled."""
         entry = self.compiled_entry
@@ -215,7 +221,8 @@ class VmapCohort:
         """Run local step ``step`` for every client whose ``local_steps > step``.
 
         Args:
-            batch: the clients' mini-batches stacked on a leading client dimension ``[C, B, ...]``.
+            batch: the clients' mini-batches stacked on a leading client dimension ``[C, B, ...]``, or ``[rows, B,
+                ...]`` with the padding rows of a compiled cohort (see :attr:`rows`).
             step: 0-based local step index.
 
         Returns:
@@ -280,6 +287,8 @@ class VmapCohort:
                 grads = None
         if grads is None:
             self._unpad()
+            if self.mode is not None:  # a batch gathered with the bucket's padding rows
+                batch = slice_tree(batch, size)
             try:
                 with logging_to(self.module, self._collector):
                     grads, (losses, values), buffers = self._eager_grad()(

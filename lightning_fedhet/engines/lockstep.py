@@ -87,9 +87,10 @@ class CohortRound(EngineBatch):
     """The vmap engine's one Lightning batch per round: ``len()`` lock-steps, built one at a time.
 
     ``lock_step(k)`` is local step ``k`` of every cohort: a list with one batch per cohort, each stacked on a
-    leading client dimension ``[C, B, ...]`` and already moved to the device (through the module's transfer hooks,
-    which therefore see the user's batch structure with that extra leading dimension). Only one step's data is
-    materialised at a time, so a round holds O(C·B) samples, not O(K·C·B).
+    leading client dimension ``[C, B, ...]`` (``[rows, B, ...]`` for a compiled cohort, whose padding rows repeat
+    row 0's samples, see :attr:`VmapCohort.rows`) and already moved to the device (through the module's transfer
+    hooks, which therefore see the user's batch structure with that extra leading dimension). Only one step's data
+    is materialised at a time, so a round holds O(C·B) samples, not O(K·C·B).
     """
 
     def __init__(self, lock_step: Callable[[int], list], num_steps: int) -> None:
@@ -178,8 +179,15 @@ def lock_step_batches(
     streams = [server.streams for server, _ in members]
     # one gather for every federation when they draw from the same dataset the same way (seeds of one configuration)
     shared = all(s.dataset is streams[0].dataset and s.collate_fn is streams[0].collate_fn for s in streams)
+    # Gathered with a compiled cohort's padding rows (they repeat row 0, as VmapCohort pads itself): padding the
+    # gathered batch at every step copied it a second time (about 60 us a B1 step on a CPU). Several datasets are
+    # gathered per federation and concatenated; the cohort pads that batch itself.
     tables = [
-        index_table([by_client[o][c] for o, c in zip(group.owners, group.cohort.clients)]) for group in groups
+        index_table(
+            [by_client[o][c] for o, c in zip(group.owners, group.cohort.clients)],
+            group.cohort.rows if shared else len(group.cohort.clients),
+        )
+        for group in groups
     ]
 
     def lock_step(k: int) -> list:
@@ -191,20 +199,25 @@ def lock_step_batches(
             else:
                 owners = group.owners
                 batch = cat_batches([streams[o].stacked_batch(indices[owners == o]) for o in np.unique(owners)])
-            # each cohort's batch on its own: the module's transfer hooks see its own structure (stacked [C, B, ...])
+            # each cohort's batch on its own: the module's transfer hooks see its own structure (stacked [C, B, ...],
+            # or [rows, B, ...] with a compiled cohort's padding rows)
             out.append(to_device(batch))
         return out
 
     return lock_step
 
 
-def index_table(batches: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
-    """The dataset indices of every lock-step of one cohort, ``[K, C, B]``, from each client's mini-batches (``C``
+def index_table(batches: Sequence[Sequence[np.ndarray]], rows: int | None = None) -> np.ndarray:
+    """The dataset indices of every lock-step of one cohort, ``[K, rows, B]``, from each client's mini-batches (``C``
     lists of ``[B]`` arrays; ``K`` is the longest list): client ``r`` at step ``k`` takes its mini-batch
-    ``min(k, K_r - 1)``, so a client whose local steps are used up repeats its last batch. One ``np.stack`` a round."""
+    ``min(k, K_r - 1)``, so a client whose local steps are used up repeats its last batch, and rows ``C`` to
+    ``rows - 1`` (a compiled cohort's padding, ``rows`` defaults to ``C``) repeat row 0. One ``np.stack`` a round."""
     steps = max(len(own) for own in batches)
     flat = [own[min(k, len(own) - 1)] for k in range(steps) for own in batches]
-    return np.stack(flat).reshape(steps, len(batches), -1)
+    table = np.stack(flat).reshape(steps, len(batches), -1)
+    if rows is not None and rows > len(batches):
+        table = np.concatenate([table, np.repeat(table[:, :1], rows - len(batches), axis=1)], axis=1)
+    return table
 
 
 def cat_batches(batches: Sequence) -> object:

@@ -108,10 +108,14 @@ def per_client_state(net: nn.Module, make_optimizer, data: list[tuple], steps: n
     return torch.stack(finals), tracked
 
 
-def run_cohort(module: Wrapped, make_optimizer, data: list[tuple], steps: np.ndarray, compile):
+def run_cohort(module: Wrapped, make_optimizer, data: list[tuple], steps: np.ndarray, compile, gathered_rows=None):
+    """``gathered_rows``: hand the cohort batches of that many rows, the rows after the clients' repeating row 0 (as
+    the lock-step scheduler gathers a compiled cohort's padding rows)."""
     cohort = VmapCohort(module, make_optimizer(module.net), range(len(steps)), steps, compile=compile)
     logged = []
     for k, batch in enumerate(data):
+        if gathered_rows is not None:
+            batch = tuple(torch.cat([t, t[:1].repeat(gathered_rows - len(t), *([1] * (t.dim() - 1)))]) for t in batch)
         _, values = cohort.step(batch, k)
         logged.append(values["client_loss"])
     return cohort, logged
@@ -225,9 +229,11 @@ def test_compile_failure_falls_back_with_one_warning_naming_the_cause():
 
 
 @WITHOUT_COMPILER
+@pytest.mark.parametrize("gathered_rows", [None, 8])
 @pytest.mark.parametrize("optimizer", ["sgd-momentum-wd", "adam-wd"])
-def test_failure_in_mid_round_hands_the_state_to_torch_optim(optimizer, monkeypatch):
-    """A recompilation that fails at local step 2: steps 0-1 ran fused, the rest eagerly from the same state."""
+def test_failure_in_mid_round_hands_the_state_to_torch_optim(optimizer, gathered_rows, monkeypatch):
+    """A recompilation that fails at local step 2: steps 0-1 ran fused, the rest eagerly from the same state; also
+    with batches that carry the bucket's padding rows (4 clients: 8 rows), which the eager steps drop."""
 
     def fails_on_third_call(fn, **kwargs):
         calls = []
@@ -246,7 +252,7 @@ def test_failure_in_mid_round_hands_the_state_to_torch_optim(optimizer, monkeypa
     cause = (r"^torch.compile could not compile the vmap cohort step \(RuntimeError: injected backend failure\); "
              r"running it uncompiled$")
     with pytest.warns(RuntimeWarning, match=cause):
-        cohort, _ = run_cohort(Wrapped(logistic()), make, data, STEPS, compile=True)
+        cohort, _ = run_cohort(Wrapped(logistic()), make, data, STEPS, compile=True, gathered_rows=gathered_rows)
     expected, expected_losses = per_client_reference(logistic(), make, data, STEPS)
     torch.testing.assert_close(cohort.flat_params(), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(cohort.mean_losses(), expected_losses, atol=1e-6, rtol=0)

@@ -19,7 +19,7 @@ from lightning_fedhet import FederatedDataModule, FedHetStrategy
 from lightning_fedhet.engines._compiled import VmapUnsupported
 from lightning_fedhet.engines.cohort import VmapCohort
 from lightning_fedhet.engines.layout import StateLayout, clone_tree, pad_batch, pad_rows, padded_size, slice_tree
-from lightning_fedhet.engines.lockstep import cat_batches
+from lightning_fedhet.engines.lockstep import cat_batches, index_table
 from lightning_fedhet.engines.vmap import VmapEngine, check_vmap_setup
 from lightning_fedhet.system import UniformSteps
 from tests.helpers import TinyClassifier, equal_clients, quiet_trainer, toy_dataset
@@ -88,6 +88,23 @@ class _Buffers(TinyClassifier):
         self.register_buffer("scale", torch.tensor([0.5, 1.5]))
         self.register_buffer("counts", torch.tensor([[1, 2], [3, 4]], dtype=torch.int32))
         self.register_buffer("seen", torch.tensor(9, dtype=torch.int64))
+
+
+def test_index_table_repeats_a_finished_clients_last_batch_and_row_zero_for_padding():
+    # client 0: 3 batches, client 1: 1 batch (then repeats it), client 2: 2 batches; two padding rows repeat row 0
+    own = [[np.array([1, 2]), np.array([3, 4]), np.array([5, 6])], [np.array([7, 8])],
+           [np.array([9, 10]), np.array([11, 12])]]
+    assert index_table(own).tolist() == [
+        [[1, 2], [7, 8], [9, 10]],
+        [[3, 4], [7, 8], [11, 12]],
+        [[5, 6], [7, 8], [11, 12]],
+    ]
+    assert index_table(own, 5).tolist() == [
+        [[1, 2], [7, 8], [9, 10], [1, 2], [1, 2]],
+        [[3, 4], [7, 8], [11, 12], [3, 4], [3, 4]],
+        [[5, 6], [7, 8], [11, 12], [5, 6], [5, 6]],
+    ]
+    assert index_table(own, 3).shape == (3, 3, 2)
 
 
 def test_state_layout_vectors_by_hand():
