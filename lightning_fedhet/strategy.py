@@ -177,10 +177,18 @@ def resolve_device(device: torch.device | None, trainer_devices: list[torch.devi
     Trainer's accelerator's devices, which Lightning's accelerator connector hands the strategy; Lightning's own
     single-device strategy takes the first too), else the CPU (no Trainer attached yet)."""
     if device is not None:
-        return torch.device(device)
+        return _indexed(torch.device(device))
     if trainer_devices:
-        return torch.device(trainer_devices[0])
+        return _indexed(torch.device(trainer_devices[0]))
     return torch.device("cpu")
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` without an index as ``cuda:<current device>`` (``cuda:0`` where CUDA is not initialised): Lightning's
+    ``CUDAAccelerator.setup_device`` calls ``torch.cuda.set_device``, which refuses a device without an index."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    return device
 
 
 def check_device_matches_accelerator(device: torch.device, accelerator: pl.accelerators.Accelerator | None) -> None:

@@ -123,3 +123,14 @@ def test_each_trainer_hands_the_strategy_its_own_devices():
     with _pretend_cuda([0]):
         pl.Trainer(strategy=strategy, devices=[0], logger=False)  # the strategy keeps its CUDA accelerator
     assert strategy.root_device == torch.device("cuda", 0)
+
+
+def test_cuda_without_an_index_resolves_to_an_indexed_device():
+    # slip caught: handing Lightning torch.device("cuda"): CUDAAccelerator.setup_device -> torch.cuda.set_device
+    # raises "Expected a torch.device with a specified index" (seen on an H200 with FedHetStrategy(device="cuda")).
+    # Without CUDA here the index is 0; with CUDA it is the current device.
+    expected = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    assert resolve_device(torch.device("cuda"), None) == torch.device("cuda", expected)
+    assert resolve_device(None, [torch.device("cuda")]) == torch.device("cuda", expected)
+    assert resolve_device(torch.device("cuda", 1), None) == torch.device("cuda", 1)
+    assert resolve_device(torch.device("cpu"), None) == torch.device("cpu")
