@@ -174,7 +174,11 @@ def provenance(commit: str | None, device: str, log) -> dict:
     if prov["commit"] == "unknown":  # no git on the machine (a copied working tree): the caller names the commit
         prov["commit"] = commit or "unknown"
     elif commit and not (commit.startswith(prov["commit"]) or prov["commit"].startswith(commit)):
-        log(f"warning: --commit {commit} but git says {prov['commit']}; recording git's")
+        # git answered for an enclosing repository (e.g. a `git archive` copy inside a stale checkout, as on the
+        # device machine): the caller's commit names the tree that runs; whether it is clean is unknown
+        log(f"warning: --commit {commit} but git says {prov['commit']} (an enclosing repository); recording "
+            f"--commit, dirty unknown")
+        prov["commit"], prov["dirty"] = commit, None
     name_ = torch.cuda.get_device_name() if device.startswith("cuda") else \
         f"cpu ({os.cpu_count()} cores, {platform.machine()})"
     return {**prov, "device": name_}
