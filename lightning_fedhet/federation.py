@@ -196,11 +196,12 @@ class RoundPlanner:
         plan = RoundPlan(round, available, selected, trained, arrives & trained, steps, duration)
         plan.success_probs, plan.availability_probs, plan.selection_counts = success, availability, counts
         plan.aggregation_probs = self._aggregation_probs(round, success)
-        for client in plan.trained_ids:
-            k = int(steps[client])
-            plan.schedule += [(client, step) for step in range(k)]
-            if self.streams is not None:
-                plan.batches += self.streams.batch_indices(round, client, k)
+        trained_ids = plan.trained_ids
+        for client in trained_ids:
+            plan.schedule += [(client, step) for step in range(int(steps[client]))]
+        if self.streams is not None:
+            for own in self.streams.round_batch_indices(round, trained_ids, steps[trained_ids]):
+                plan.batches += own
         return plan
 
     def label_histograms(self) -> np.ndarray:

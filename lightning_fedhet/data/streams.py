@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
-from lightning_fedhet.seeding import Stream, generator
+from lightning_fedhet.seeding import Stream, generator, generators
 
 
 class ClientStreams:
@@ -67,12 +67,29 @@ class ClientStreams:
 
     def batch_indices(self, round: int, client: int, num_steps: int) -> list[np.ndarray]:
         """Dataset indices of client ``client``'s ``num_steps`` mini-batches in round ``round``."""
+        own = self._own(client)
+        return self._draw(own, generator(self.seed, Stream.DATA, round, client), num_steps)
+
+    def round_batch_indices(
+        self, round: int, clients: Sequence[int], num_steps: Sequence[int]
+    ) -> list[list[np.ndarray]]:
+        """:meth:`batch_indices` of each client of ``clients`` (``num_steps[i]`` mini-batches for ``clients[i]``), the
+        same draws; their generators are built together (:func:`~lightning_fedhet.seeding.generators`), which is
+        faster for a round's cohort."""
+        owns = [self._own(client) for client in clients]
+        rngs = generators(self.seed, Stream.DATA, round, clients)
+        return [self._draw(own, rng, int(k)) for own, rng, k in zip(owns, rngs, num_steps)]
+
+    def _own(self, client: int) -> np.ndarray:
         own = self.client_indices[client]
         if own.size == 0:
             raise ValueError(f"client {client} holds no samples")
+        return own
+
+    def _draw(self, own: np.ndarray, rng: np.random.Generator, num_steps: int) -> list[np.ndarray]:
+        """``num_steps`` consecutive mini-batches of a walk through fresh permutations of ``own`` drawn by ``rng``."""
         size = min(self.batch_size, own.size)
         needed = size * num_steps
-        rng = generator(self.seed, Stream.DATA, round, client)
         order = [rng.permutation(own) for _ in range(-(-needed // own.size))]
         flat = np.concatenate(order)[:needed]
         return list(flat.reshape(num_steps, size))
