@@ -103,6 +103,9 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                                                   "tests/engines/test_compiled_guards.py",
                                                   "tests/engines/test_fused_rules.py",
                                                   "tests/engines/test_vmap_fallbacks.py"]),
+    # the decision rule every study labels its claims with (decide, family intervals, power, convergence, grid place)
+    "decision": ([f"{PKG}/experiments/decision.py"], ["tests/experiments/test_decision.py",
+                                                     "tests/experiments/test_decision_by_hand.py"]),
 }
 
 
