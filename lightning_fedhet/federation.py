@@ -61,15 +61,30 @@ class RoundPlan:
     success_probs: Tensor | None = None
     availability_probs: Tensor | None = None
     selection_counts: Tensor | None = None
+    # (mask, its version, its ids): trained_ids of the current `trained` mask, kept for the next read
+    _trained_ids: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def trained_ids(self) -> list[int]:
-        return torch.nonzero(self.trained).flatten().tolist()
+        """The trained clients' ids, increasing. Computed once per mask (a new mask, or the mask changed in place,
+        computes them again): a round reads them several times, and each read was a pass over all ``N`` clients."""
+        cached = self._trained_ids
+        if cached is None or cached[0] is not self.trained or cached[1] != self.trained._version:
+            cached = self._trained_ids = (self.trained, self.trained._version, mask_ids(self.trained).tolist())
+        return list(cached[2])
 
     @property
     def num_steps(self) -> int:
         """Mini-batches in the round (all clients' local steps)."""
         return len(self.schedule)
+
+
+def mask_ids(mask: Tensor) -> Tensor:
+    """The indices of a bool mask ``[N]``, increasing, int64 (through numpy on a CPU: ``torch.nonzero`` took about 20
+    ms for a million clients on a 2-core CPU, ``np.flatnonzero`` about 1 ms)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy())).to(torch.int64)
+    return torch.nonzero(mask).flatten().to(torch.int64)
 
 
 class RoundPlanner:

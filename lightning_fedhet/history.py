@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import Tensor
 
-from lightning_fedhet.federation import RoundPlan
+from lightning_fedhet.federation import RoundPlan, mask_ids
 
-
-def _ids(mask: Tensor) -> Tensor:
-    return torch.nonzero(mask).flatten().to(torch.int64)
+_ids = mask_ids
 
 
 def round_record(
@@ -38,17 +35,19 @@ def round_record(
     rejected_ids = torch.tensor(sorted(rejected), dtype=torch.int64)
     steps = plan.local_steps
     counted = set(received_ids.tolist())
+    # each mask is read once: a pass over all N clients per read
+    selected, trained = _ids(plan.selected), plan.trained_ids
     return {
         "round": plan.round,
         "available": _ids(plan.available),
-        "selected": _ids(plan.selected),
+        "selected": selected,
         "received": received_ids,
-        "local_steps": {c: int(steps[c]) for c in plan.trained_ids},
+        "local_steps": {c: int(steps[c]) for c in trained},
         "weights": dict(weights),
-        "download_bytes": int(plan.selected.sum()) * model_bytes,
-        "upload_bytes": int(plan.trained.sum()) * model_bytes,
+        "download_bytes": len(selected) * model_bytes,
+        "upload_bytes": len(trained) * model_bytes,
         "sim_time": previous_sim_time + plan.duration,
-        "wasted_steps": int(sum(int(steps[c]) for c in plan.trained_ids if c not in counted)),
+        "wasted_steps": int(sum(int(steps[c]) for c in trained if c not in counted)),
         "rejected": rejected_ids,
         "memory_bytes": int(memory_bytes),
         "complete": bool(complete),

@@ -7,6 +7,7 @@ catches. Four clients hold two samples each; labels 0, 1, 1, 2, 2, 2, 0, 0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ from torch.utils.data import TensorDataset
 
 from lightning_fedhet.algorithms import FedAvg
 from lightning_fedhet.data.streams import ClientStreams
-from lightning_fedhet.federation import RoundPlanner
+from lightning_fedhet.federation import RoundPlan, RoundPlanner, mask_ids
 from lightning_fedhet.participation import Bernoulli, Full, LabelCorrelated, UniformSample
 from lightning_fedhet.seeding import Stream, generator
 from lightning_fedhet.system import LossDistribution, LossyChannel, ShiftedExponential, UniformSteps, local_steps_for
@@ -233,3 +234,20 @@ def test_a_label_correlated_recipe_gets_the_planners_seed_and_the_label_histogra
         reference = Bernoulli(LabelCorrelated(mean=0.5, floor=0.1, alpha=0.5))
         reference.setup(N, seed, label_hist=histograms)
         assert (draws == [reference.sample(t).tolist() for t in range(12)]) is same, seed
+
+
+def test_trained_ids_follow_the_mask_through_changes_in_place_and_new_masks():
+    # slips: ids cached once for good (an in-place change or a new mask not seen), the cached list handed out
+    trained = torch.tensor([False, True, False, True])
+    plan = RoundPlan(0, trained.clone(), trained.clone(), trained, trained.clone(), np.array([0, 2, 0, 1]))
+    assert plan.trained_ids == [1, 3]
+    plan.trained_ids.append(7)  # the caller's own list
+    assert plan.trained_ids == [1, 3]
+    plan.trained[0] = True  # in place
+    assert plan.trained_ids == [0, 1, 3]
+    plan.trained = torch.tensor([False, False, True, False])  # a new mask
+    assert plan.trained_ids == [2]
+    assert dataclasses.replace(plan, trained=torch.tensor([True, False, False, False])).trained_ids == [0]
+    assert mask_ids(torch.tensor([True, False, True])).tolist() == [0, 2]
+    assert mask_ids(torch.tensor([True, False, True])).dtype == torch.int64
+    assert mask_ids(torch.zeros(3, dtype=torch.bool)).tolist() == []
