@@ -110,8 +110,8 @@ def test_many_seeds_in_one_run_equal_the_seeds_run_one_at_a_time(method):
 
 
 def test_v2_cells_use_the_authors_recipe():
-    assert {c.method for c in cafed.CELLS} == set(cafed.METHODS) and cafed.STUDY.protocol == "v2"
-    for cell in cafed.CELLS:
+    assert {c.method for c in cafed.CELLS_V2} == set(cafed.METHODS)
+    for cell in cafed.CELLS_V2:
         c = cell.config
         assert c["availability"]["composition"] == "code" and c["data_seed"] == cafed.DATA_SEED
         assert c["local_epochs"] == 2 and c["momentum"] == 0.9
@@ -199,3 +199,118 @@ def test_best_of_five_under_the_v3_rule():
     assert cafed._best_of({"A": up, "B": flat}).label == "inconclusive"
     assert cafed._best_of({"A": flat, "B": down}).label == "opposite sign"
     assert cafed._best_of({"A": down, "B": decide(0.01, 0.03, None, 3, 20)}).text() == "pending (3/20 seeds)"
+
+
+# ------------------------------------------------------------------------------------------------------ protocol v3
+def test_v3_cells_are_v2s_recipe_with_client_momentum_kept_on_fresh_seeds():
+    assert cafed.STUDY.protocol == "v3" and cafed.CELLS is cafed.CELLS_V3
+    assert {c.method for c in cafed.CELLS_V3} == set(cafed.METHODS)
+    v2 = {c.method: c.config for c in cafed.CELLS_V2}
+    for cell in cafed.CELLS_V3:
+        c = cell.config
+        assert (c["engine"], c["optimizer_state"]) == ("sequential", "persist")
+        assert (c["local_lr"], c["server_lr"]) == cafed.PILOT_V3[cell.method]["pick"]
+        # everything else is v2's recipe
+        changed = {"engine", "optimizer_state", "client_optimizer_state", "local_lr", "server_lr", "lr_source",
+                   "lr_grid"}
+        assert {k: v for k, v in c.items() if k not in changed} == {
+            k: v for k, v in v2[cell.method].items() if k not in changed}
+    # fresh seeds: v1 ran 0-9, v2 0-19, every pilot seed 100
+    v3 = cafed.SEEDS_BY_PROTOCOL["v3"]
+    assert not set(v3) & (set(range(20)) | {100}) and len(v3) == max(cafed.PLANNED_V3.values())
+
+
+def test_a_v3_run_keeps_each_clients_optimizer_state():
+    cell = cafed.CELLS_V3[0]
+    tiny = Cell(cell.setting, cell.method, {**cell.config, "num_clients": 8, "rounds": 1})
+    strategy = cafed._build(tiny, seed=3)[2]
+    assert strategy.optimizer_state_mode == "persist"
+
+
+def test_lr_place_needs_values_on_both_sides(monkeypatch):
+    # local 0.003 between 0.01 and 0.001: interior; server 0.1 the smallest evaluated: lower edge; two values only:
+    # no interior to be in
+    monkeypatch.setitem(cafed.PILOT_V3, "AdaFed", {"pick": (0.003, 0.1), "local": (0.01, 0.003, 0.001),
+                                                   "server": (0.3, 0.1), "source": "v3"})
+    assert cafed.lr_places("AdaFed") == ("interior", "not established (2 values)")
+    assert not cafed.lr_interior("AdaFed")
+    monkeypatch.setitem(cafed.PILOT_V3, "AdaFed", {"pick": (0.003, 0.1), "local": (0.01, 0.003, 0.001),
+                                                   "server": (0.8, 0.3, 0.1), "source": "v3"})
+    assert cafed.lr_places("AdaFed") == ("interior", "lower edge")
+
+
+def _v3_record(method, seed, final, rise=0.0):
+    # 40 evaluations (rounds 5, ..., 200); `rise`: the curve sits `rise` lower over rounds 161-180 than over 181-200
+    rounds = list(range(5, 201, 5))
+    acc = [final - (rise if 160 < r <= 180 else 0.0) for r in rounds]
+    cfg = {**cafed.config_v3(method, *cafed.PILOT_V3[method]["pick"]), "rounds": 200, "final_window": 0.1}
+    return {"protocol": "v3", "setting": "authors-recipe-momentum", "method": method, "seed": seed, "commit": "abc",
+            "dirty": False, "engine": "sequential", "device": "cpu", "torch": "2", "wall_s": 1.0, "cpu_s": 1.0,
+            "config": cfg, "metrics": {"round": rounds, "val_acc": acc, "trained_per_round": [40],
+                                       "available_per_round": [50], "weight_share": [0.25] * 4}}
+
+
+V3_FINALS = {"CA-Fed": 0.72, "AdaFed": 0.70, "Unbiased": 0.70, "F3AST": 0.60, "More available": 0.50}
+
+
+@pytest.fixture
+def four_seeds(monkeypatch):
+    """Protocol v3 cut to 4 planned seeds (200-203) per cell, every pick interior on its lines."""
+    for m in cafed.METHODS:
+        monkeypatch.setitem(cafed.PLANNED_V3, m, 4)
+        local, server = cafed.PILOT_V3[m]["pick"]
+        monkeypatch.setitem(cafed.PILOT_V3, m, {"pick": (local, server), "local": (local * 3, local, local / 3),
+                                                "server": (server * 3, server, server / 3), "source": "v3"})
+    monkeypatch.setitem(cafed.SEEDS_BY_PROTOCOL, "v3", (200, 201, 202, 203))
+
+
+def _v3_records(seeds=(200, 201, 202, 203), rise=None):
+    # CA-Fed alternates 0.5 pp below / above 72 %: every difference CA-Fed - X is its mean +- 0.5 pp
+    rise = rise or {}
+    return [_v3_record(m, s, V3_FINALS[m] + (0.005 * (1 if s % 2 else -1) if m == "CA-Fed" else 0.0),
+                       rise.get(m, 0.0)) for m in cafed.METHODS for s in seeds]
+
+
+def _v3_verdicts(records, tmp_path):
+    return {s.claim.split(":")[0]: s.verdict for s in cafed.write_report(records, tmp_path)
+            if s.claim.startswith("v3")}
+
+
+def test_v3_claims_are_decided_on_the_holm_interval(four_seeds, tmp_path):
+    """Differences CA-Fed - AdaFed over 4 seeds: 1.5, 2.5, 1.5, 2.5 pp: mean 2.0, SD sqrt(4 * 0.25 / 3) = 0.577 pp.
+    Raw 95 %: t_{0.975,3} = 3.182, half-width 3.182 * 0.577 / 2 = 0.92 -> [1.1, 2.9]. Holm over the four
+    comparisons (same SD; means 2, 12, 2, 22 pp): More available first (alpha/4), F3AST (alpha/3), then the tie
+    AdaFed (alpha/2: t_{0.9875,3} = 4.177, half-width 1.21 -> [0.8, 3.2]) and Unbiased (alpha: the raw interval)."""
+    verdicts = _v3_verdicts(_v3_records(), tmp_path)
+    assert verdicts == {"v3, C1": "reproduced", "v3, C2": "reproduced", "v3, C3": "reproduced"}
+    page = (tmp_path / "cafed.md").read_text().split("## Results, protocol v3")[1].split("## Results, protocol v2")[0]
+    assert "| +1.56 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [0.8, 3.2], 4 seeds | **reproduced** |" in page
+    assert "| +1.2 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [1.1, 2.9], 4 seeds | **reproduced** |" in page
+    local, server = cafed.PILOT_V3["CA-Fed"]["pick"]
+    assert f"| CA-Fed | {local:g} / {server:g} | interior; interior |" in page
+
+
+def test_v3_a_cell_still_moving_is_not_converged_and_gets_no_verdict(four_seeds, tmp_path):
+    # AdaFed 1 pp lower over rounds 161-180 than over 181-200: |tail change| 1 pp > 0.6 pp; C3 does not involve it
+    verdicts = _v3_verdicts(_v3_records(rise={"AdaFed": 0.01}), tmp_path)
+    assert verdicts == {"v3, C1": "not converged", "v3, C2": "not converged", "v3, C3": "reproduced"}
+    page = (tmp_path / "cafed.md").read_text()
+    assert "| +1.00 pp | **no** | 4/4 |" in page
+
+
+def test_v3_a_pick_at_its_grids_edge_gets_no_verdict(four_seeds, monkeypatch, tmp_path):
+    local, server = cafed.PILOT_V3["Unbiased"]["pick"]
+    monkeypatch.setitem(cafed.PILOT_V3, "Unbiased", {"pick": (local, server), "local": (local * 3, local, local / 3),
+                                                     "server": (server * 9, server * 3, server), "source": "v3"})
+    verdicts = _v3_verdicts(_v3_records(), tmp_path)
+    assert verdicts == {"v3, C1": "reproduced", "v3, C2": "lr at grid edge", "v3, C3": "lr at grid edge"}
+    assert "interior; lower edge" in (tmp_path / "cafed.md").read_text()
+
+
+def test_v3_an_incomplete_cell_is_pending_with_its_interim_interval(four_seeds, tmp_path):
+    """3 of 4 seeds: differences 1.5, 2.5, 1.5 pp: mean 1.83, SD 0.577, t_{0.975,2} = 4.303, half-width 1.43 ->
+    raw [0.4, 3.3]."""
+    verdicts = _v3_verdicts(_v3_records(seeds=(200, 201, 202)), tmp_path)
+    assert verdicts == {"v3, C1": "pending (3/4 seeds)", "v3, C2": "pending (3/4 seeds)",
+                        "v3, C3": "pending (3/4 seeds)"}
+    assert "| 1.8 pp [0.4, 3.3], 3 seeds |" in (tmp_path / "cafed.md").read_text()
