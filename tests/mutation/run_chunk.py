@@ -106,6 +106,12 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     # the decision rule every study labels its claims with (decide, family intervals, power, convergence, grid place)
     "decision": ([f"{PKG}/experiments/decision.py"], ["tests/experiments/test_decision.py",
                                                      "tests/experiments/test_decision_by_hand.py"]),
+    # the statistics over seeds, the run records (write, parse, provenance) and the driver with its canary re-run;
+    # runner.py's run_study mutants re-run small studies (seconds each): --only a part when time is short
+    "experiments": ([f"{PKG}/experiments/stats.py", f"{PKG}/experiments/records.py", f"{PKG}/experiments/runner.py"],
+                    ["tests/test_reproduce.py", "tests/experiments/test_report.py", "tests/experiments/test_runs.py",
+                     "tests/experiments/test_page_helpers.py", "tests/experiments/test_stats_and_canary_by_hand.py",
+                     "tests/experiments/test_records_by_hand.py"]),
 }
 
 
@@ -117,7 +123,8 @@ def _section(modules: list[str], tests: list[str]) -> str:
         "[tool.mutmut]",
         f'source_paths = ["{PKG}/"]',
         f"only_mutate = {toml_list(modules)}",
-        'also_copy = ["model_zoo/", "callbacks/"]',
+        # scripts/: tests/conftest.py puts it on sys.path (the packages `studies` and `referee` some tests import)
+        'also_copy = ["model_zoo/", "callbacks/", "scripts/"]',
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-W", "ignore"]',
         # torch.compile cannot trace mutmut's trampolines: the tests that compile for real are left out (those marked
         # without_compiler replace torch.compile by the identity; -k matches marks as keywords)
