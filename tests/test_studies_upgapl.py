@@ -107,7 +107,8 @@ def test_a_v2_page_with_records_labels_u2_and_keeps_the_estimate(tmp_path):
         records.append({**r, "protocol": "v2"})
     summaries = upgapl.write_report(records, tmp_path)
     u2 = next(s for s in summaries if s.claim.startswith("v2, U2"))
-    assert u2.verdict.startswith("not testable here (needs ")
+    # the interval excludes 0: the registered label says so and points to the v3 label (never a bare "not testable")
+    assert u2.verdict.startswith("not testable here (registered v2 rule: needs ") and "excludes 0" in u2.verdict
     assert "-1.0 pp" in u2.ours
 
 
