@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_fedhet.experiments.stats import mean_ci
+
 #: the labels :func:`decide` gives, final verdicts first
 LABELS = ("reproduced", "opposite sign", "not reproduced", "inconclusive", "pending", "not converged",
           "lr at grid edge")
@@ -47,13 +49,8 @@ ADJUSTMENTS = ("none", "bonferroni", "holm")
 
 
 def _t_interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
-    from scipy import stats
-
-    mean = float(diffs.mean())
-    if diffs.size < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, diffs.size - 1) * diffs.std(ddof=1) / math.sqrt(diffs.size))
-    return mean, mean - half, mean + half
+    """The mean and Student-t interval of ``diffs`` (:func:`~lightning_fedhet.experiments.stats.mean_ci`)."""
+    return mean_ci(diffs, level)
 
 
 def _check_level(level: float) -> None:
@@ -139,6 +136,24 @@ class Decision:
         return self.label
 
 
+def _check_counts(n: int, planned: int) -> None:
+    if n < 0 or planned < 1:
+        raise ValueError(f"n must be >= 0 and planned >= 1, got n={n}, planned={planned}")
+
+
+def _withheld(lo: float, hi: float, n: int, planned: int, converged: bool,
+              lr_interior: bool) -> tuple[str, str] | None:
+    """The label and reason when a claim gets no verdict yet (pending, not converged, lr at grid edge), else
+    ``None``: the same order for every kind of claim."""
+    if n < planned or math.isnan(lo) or math.isnan(hi):
+        return "pending", f"{n} of {planned} planned seeds"
+    if not converged:
+        return "not converged", "the cell failed the protocol's convergence check"
+    if not lr_interior:
+        return "lr at grid edge", "a learning rate was picked at its grid's edge"
+    return None
+
+
 def decide(lo: float, hi: float, gain: float | None, n: int, planned: int, *, mean: float = math.nan,
            sd: float = math.nan, converged: bool = True, lr_interior: bool = True, level: float = 0.95) -> Decision:
     """The label of "A beats B by ``gain``" from the paired interval ``[lo, hi]`` of ``a - b`` over ``n`` seeds.
@@ -154,8 +169,7 @@ def decide(lo: float, hi: float, gain: float | None, n: int, planned: int, *, me
     """
     if gain is not None and not gain > 0:
         raise ValueError(f"gain must be > 0 (the paper's effect in the claim's direction) or None, got {gain}")
-    if n < 0 or planned < 1:
-        raise ValueError(f"n must be >= 0 and planned >= 1, got n={n}, planned={planned}")
+    _check_counts(n, planned)
     need = None
     if gain is not None and math.isfinite(sd) and n >= 2:
         need = seeds_for_power(sd, gain, level=level)
@@ -163,12 +177,9 @@ def decide(lo: float, hi: float, gain: float | None, n: int, planned: int, *, me
     def out(label: str, reason: str) -> Decision:
         return Decision(label, mean, lo, hi, n, planned, gain, need, reason)
 
-    if n < planned or math.isnan(lo) or math.isnan(hi):
-        return out("pending", f"{n} of {planned} planned seeds")
-    if not converged:
-        return out("not converged", "the cell failed the protocol's convergence check")
-    if not lr_interior:
-        return out("lr at grid edge", "a learning rate was picked at its grid's edge")
+    withheld = _withheld(lo, hi, n, planned, converged, lr_interior)
+    if withheld is not None:
+        return out(*withheld)
     if lo > 0:
         return out("reproduced", "the interval lies above 0")
     if hi < 0:
@@ -187,18 +198,14 @@ def decide_within(lo: float, hi: float, margin: float, n: int, planned: int, *, 
     excluded); pending, not converged and lr at grid edge as :func:`decide`."""
     if not margin > 0:
         raise ValueError(f"margin must be > 0, got {margin}")
-    if n < 0 or planned < 1:
-        raise ValueError(f"n must be >= 0 and planned >= 1, got n={n}, planned={planned}")
+    _check_counts(n, planned)
 
     def out(label: str, reason: str) -> Decision:
         return Decision(label, mean, lo, hi, n, planned, None, None, reason)
 
-    if n < planned or math.isnan(lo) or math.isnan(hi):
-        return out("pending", f"{n} of {planned} planned seeds")
-    if not converged:
-        return out("not converged", "the cell failed the protocol's convergence check")
-    if not lr_interior:
-        return out("lr at grid edge", "a learning rate was picked at its grid's edge")
+    withheld = _withheld(lo, hi, n, planned, converged, lr_interior)
+    if withheld is not None:
+        return out(*withheld)
     if -margin < lo and hi < margin:
         return out("reproduced", "the interval lies inside the margin")
     if hi < -margin or lo > margin:
