@@ -6,6 +6,7 @@
     python scripts/reproduce.py check                                  # exit 1 if a committed page differs
     python scripts/reproduce.py check --rerun                          # ... or a canary cell drifted at HEAD
     python scripts/reproduce.py canary fedacs                          # refresh a canary after a meant change
+    python scripts/reproduce.py canary fedast --this-processor         # ... or add this processor's own record
 
 The studies are plug-ins of ``lightning_fedhet.experiments`` (``scripts/studies/<name>.py``, each a ``Study``
 declared with ``studies._repo.study``); this front end runs all of them together and writes the index
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("--studies", nargs="+", default=None, help="with --rerun: only these studies' canaries")
     can = sub.add_parser("canary", help="(re)write a study's canary record at HEAD (after a change that moves numbers)")
     can.add_argument("studies", nargs="+", choices=STUDIES)
+    can.add_argument("--this-processor", action="store_true",
+                     help="keep the reference record and write this processor's own beside it (same code, kernels "
+                          "that round differently); without it the reference is rewritten and the others removed")
     sub.add_parser("list", help="the studies, their protocols, cells and record counts")
     args = parser.parse_args(argv)
 
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "canary":
         for name in args.studies:
-            record = write_canary(_repo.load(name))
+            record = write_canary(_repo.load(name), this_processor=args.this_processor)
             print(f"[{name}] canary record written ({record['wall_s']} s, commit {record['commit']})")
         return 0
     if args.command == "check":

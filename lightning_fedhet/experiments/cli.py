@@ -75,7 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--wandb-project", default=None, help="W&B project (default: the study's name)")
     chk = command("check", "exit 1 when a page or figure differs from what the records give", many=True)
     chk.add_argument("--rerun", action="store_true", help="also re-run each study's canary and compare bit for bit")
-    command("canary", "(re)write the study's canary record at the current code")
+    can = command("canary", "(re)write the study's canary record at the current code")
+    can.add_argument("--this-processor", action="store_true",
+                     help="keep the reference record and write this processor's own beside it (same code, kernels "
+                          "that round differently); without it the reference is rewritten and the others removed")
     command("list", "the study's cells and how many records each has")
     return parser
 
@@ -191,7 +194,7 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     study = _load(args.study)
     if args.command == "canary":
-        record = write_canary(study, args.root)
+        record = write_canary(study, args.root, this_processor=args.this_processor)
         print(f"[{study.name}] canary record written ({record['wall_s']} s, commit {record['commit']})")
         return 0
     root = resolve_root(study, args.root)

@@ -24,6 +24,7 @@ from lightning_fedhet.experiments.records import (
     failure_path,
     first_difference,
     record_path,
+    slug,
     write_record,
 )
 from lightning_fedhet.experiments.study import Cell, Study, resolve_root
@@ -208,9 +209,24 @@ CANARY_KEYS = ("config", "metrics", "data_checksum", "threads", "engine")
 CANARY_TOLERANCE = 1e-3
 
 
-def canary_path(root: Path, study: str) -> Path:
-    """Where a study's canary record lives (not ``seed*.json``: pages never read it)."""
-    return Path(root) / "records" / study / "canary.json"
+def canary_path(root: Path, study: str, processor: str | None = None) -> Path:
+    """Where a study's canary record lives (not ``seed*.json``: pages never read it).
+
+    ``processor`` None: the reference record, ``canary.json``. A processor's name (a record's ``cpu``): the record
+    of the same cell made on that processor, ``canary.<slug>.json``, beside the reference.
+    """
+    name = "canary.json" if processor is None else f"canary.{slug(processor)}.json"
+    return Path(root) / "records" / study / name
+
+
+def _canary_for(root: Path, study: str, processor: str | None) -> tuple[Path, dict[str, Any]] | None:
+    """The canary record made on ``processor`` (the reference's or a sibling's), or None."""
+    for path in (canary_path(root, study), canary_path(root, study, processor)):
+        if path.is_file():
+            record = json.loads(path.read_text())
+            if record.get("cpu") == processor:
+                return path, record
+    return None
 
 
 def run_canary(study: Study) -> Record:
@@ -225,34 +241,51 @@ def run_canary(study: Study) -> Record:
     return record
 
 
-def write_canary(study: Study, root: str | Path | None = None) -> Record:
-    """Run the canary and (re)write its record (after a change that moves numbers on purpose)."""
+def write_canary(study: Study, root: str | Path | None = None, *, this_processor: bool = False) -> Record:
+    """Run the canary and write its record.
+
+    By default (after a change that moves numbers on purpose) it becomes the reference ``canary.json`` and every
+    other processor's record of the study is removed: they describe the old numbers. ``this_processor`` True
+    keeps the reference and writes this processor's own record beside it, for a processor whose kernels round
+    differently at the same code (say so in CHANGELOG.md: the re-run there is then compared bit for bit).
+    """
+    root = resolve_root(study, root)
     record = run_canary(study)
-    write_record(canary_path(resolve_root(study, root), study.name), record)
+    reference = canary_path(root, study.name)
+    if not this_processor:
+        for stale in reference.parent.glob("canary.*.json"):
+            stale.unlink()
+        write_record(reference, record)
+    elif not reference.is_file() or json.loads(reference.read_text()).get("cpu") == record["cpu"]:
+        write_record(reference, record)
+    else:
+        write_record(canary_path(root, study.name, record["cpu"]), record)
     return record
 
 
 def rerun_canary(study: Study, root: str | Path | None = None) -> list[str]:
     """Re-run the canary at the current code and list every difference from its record (empty: it agrees).
 
-    On the processor the record was made on (its ``cpu``: model and instruction set) the re-run must agree bit
-    for bit. Another processor may dispatch other kernels (oneDNN per instruction set) that round differently:
-    there every float must agree within :data:`CANARY_TOLERANCE` (``|a - b| <= tol (1 + |a|)``) and everything
-    else exactly; ``data_checksum`` (the bytes the clients trained on) is exact everywhere.
+    Where a record was made on this processor (its ``cpu``: model and instruction set; the reference or a
+    processor's own record) the re-run must agree with it bit for bit. Another processor may dispatch other
+    kernels (oneDNN per instruction set) that round differently: there every float must agree with the reference
+    within :data:`CANARY_TOLERANCE` (``|a - b| <= tol (1 + |a|)``) and everything else exactly;
+    ``data_checksum`` (the bytes the clients trained on) is exact everywhere.
     """
     root = resolve_root(study, root)
     path = canary_path(root, study.name)
     if not path.is_file():
         how = f"fedhet-study canary {study.source}" if study.source else "fedhet-study canary STUDY"
         return [f"{study.name}: no canary record {path}; write it with `{how}`"]
-    committed: dict[str, Any] = json.loads(path.read_text())
     fresh = json.loads(dumps(run_canary(study)))  # the record's JSON form
-    exact = committed.get("cpu") == fresh.get("cpu")
+    own = _canary_for(root, study.name, fresh.get("cpu"))
+    exact = own is not None
+    committed: dict[str, Any] = own[1] if own else json.loads(path.read_text())
     problems = []
     for key in CANARY_KEYS:
         if not _agrees(committed.get(key), fresh.get(key), exact or key == "data_checksum"):
             where = "" if exact else (f"; compared within {CANARY_TOLERANCE} on {fresh.get('cpu')}, "
-                                      f"not {committed.get('cpu')}")
+                                      f"not {committed.get('cpu')}, which has no canary record of its own")
             problems.append(f"{study.name}: canary {key} differs from the record made at {committed['commit']} "
                             f"({first_difference(committed.get(key), fresh.get(key))}{where})")
     return problems

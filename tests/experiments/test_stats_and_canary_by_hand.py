@@ -164,9 +164,54 @@ def test_a_drift_is_named_with_where_it_was_compared(tmp_path):
         path.write_text(json.dumps(stored))
         assert rerun_canary(CANARY, root=tmp_path) == [
             f"toy: canary metrics differs from the record made at {commit} (acc[0]: recorded 0.5, now 0.51; "
-            f"compared within 0.001 on {cpu}, not Some Other CPU; AVX2)"]
+            f"compared within 0.001 on {cpu}, not Some Other CPU; AVX2, which has no canary record of its own)"]
     finally:
         DRIFT["offset"] = 0.0
+
+
+def _as_if_made_on(path, cpu, offset):
+    stored = json.loads(path.read_text())
+    stored["cpu"] = cpu
+    stored["metrics"]["acc"][0] = 0.5 + offset
+    path.write_text(json.dumps(stored))
+
+
+def test_a_processors_own_record_is_compared_bit_for_bit_and_the_reference_within_the_tolerance(tmp_path):
+    """The reference was made elsewhere and reads 0.5 + 2e-4 (inside 1e-3 (1 + 0.5)): with no record of this
+    processor's own the re-run (0.5) agrees. A record of this processor's own that reads 0.5 + 1e-12 is then what
+    the re-run is held to, bit for bit, and the message names it; written with ``this_processor`` it leaves the
+    reference as it was and is exactly the re-run."""
+    DRIFT["offset"] = 0.0
+    reference = canary_path(tmp_path, "toy")
+    cpu = records_module.cpu_identity()
+    own = canary_path(tmp_path, "toy", cpu)
+    assert own.name == f"canary.{records_module.slug(cpu)}.json" and own.parent == reference.parent
+    record = write_canary(CANARY, root=tmp_path)
+    _as_if_made_on(reference, "Some Other CPU; AVX2", 2e-4)
+    assert rerun_canary(CANARY, root=tmp_path) == []
+    own.write_text(reference.read_text())
+    _as_if_made_on(own, cpu, 1e-12)
+    assert rerun_canary(CANARY, root=tmp_path) == [
+        f"toy: canary metrics differs from the record made at {record['commit']} "
+        f"(acc[0]: recorded 0.500000000001, now 0.5)"]
+    before = reference.read_text()
+    write_canary(CANARY, root=tmp_path, this_processor=True)
+    assert reference.read_text() == before
+    assert json.loads(own.read_text())["metrics"] == {"acc": [0.5, 0.25]}
+    assert rerun_canary(CANARY, root=tmp_path) == []
+
+
+def test_refreshing_the_reference_removes_every_processors_own_record(tmp_path):
+    """After a meant change the other processors' records hold the old numbers: a plain ``write_canary`` removes
+    them; with no reference yet, ``this_processor`` writes the reference itself."""
+    DRIFT["offset"] = 0.0
+    reference = canary_path(tmp_path, "toy")
+    write_canary(CANARY, root=tmp_path, this_processor=True)
+    assert sorted(p.name for p in reference.parent.iterdir()) == ["canary.json"]
+    other = canary_path(tmp_path, "toy", "Some Other CPU; AVX2")
+    other.write_text(reference.read_text())
+    write_canary(CANARY, root=tmp_path)
+    assert sorted(p.name for p in reference.parent.iterdir()) == ["canary.json"]
 
 
 def _run_numeric_checksum(cell, seed):
