@@ -61,11 +61,7 @@ LAYERS: list[set[str]] = [
 ]
 
 #: library files over :data:`MAX_LINES` lines, each with why it stays whole for now
-LONG_FILES: dict[str, str] = {
-    # 500 lines since aggregate_heads (the released code's head-free aggregation) joined Algorithm 6's two bases in
-    # one close_round; to split by idea (the head masks beside fedcis_exits.py) next, not in the session that added it
-    "lightning_fedhet/algorithms/fedcis.py": "aggregate_heads landed with Alg. 6's bases; split pending",
-}
+LONG_FILES: dict[str, str] = {}
 MAX_LINES = 450
 
 

@@ -31,40 +31,9 @@ Every named strategy sums to 1 (the released code normalises every ``Lt``).
    are taken w.r.t. the broadcast global model ``w_t`` and added to ``w_t`` (the formula above). Parameters used
    only by the deepest exit then move with total weight ``server_lr * Lt_E`` per round (0.05 under Serving Rate at
    80-15-5), and parameters used by exits ``e..E`` only with ``sum_{e' >= e} Lt_e'``; nothing is renormalised per
-   parameter (that would not be Algorithm 6). ``"root_local"`` is the released code, whose global model *is* the
-   root node's model object, trained locally before the aggregation reads it::
-
-       w_{t+1} = w_r + server_lr * sum_{(c, e) in N_t, c != r}  a_c * M_e ⊙ (w_c - w_r),     w_r = w_t + delta_r
-
-   with ``r`` the root, ``a_c`` the pair weight of line 11 and ``M_e`` the 0/1 mask of the coordinates of exit
-   ``e``'s sub-model (the blocks up to exit ``e`` and exit ``e``'s own head, parameters and BatchNorm statistics:
-   the code's loop over ``blocks[:e_block]`` and ``classifiers[e_block - 1]``), given as ``exit_masks``
-   (:func:`exit_masks` builds them from a module). The root's own term vanishes (``w_r - w_r``); coordinates no
-   arriving non-root node trains are the root's model as is. When the root's update did not arrive (partial
-   participation, a lost upload; the code always has it) ``w_r = w_t``. In delta form, as computed here (one stored
-   ``delta_r`` and one running sum): ``w_{t+1} = w_t + delta_r + server_lr * (sum_c a_c M_{e_c} ⊙ delta_c -
-   sum_e A_e M_e ⊙ delta_r)``, ``A_e = sum_{c != r, e_c = e} a_c``. It needs a single root. This is what the
-   released ``aggregate()`` *means* to do; as released (commit 7c7f1bc) it never writes the aggregated exit heads
-   back (it accumulates them in ``classifiers[e_block - 1]`` but applies ``classifiers[block]`` for the blocks 3 and
-   9, which hold nothing), so in the authors' runs every head stays the root's own. Here the heads are aggregated;
-   the blocks agree with the released code within 9e-16 (``scripts/referee/fedcis.py``), the heads do not.
-
-   *Exit heads* (``aggregate_heads``). Algorithm 6, line 11, aggregates each node's whole trained sub-model, its
-   exit's head included: ``aggregate_heads=True`` (default), with either base. The released ``aggregate()`` (commit
-   7c7f1bc) aggregates no head at all, as just said: ``aggregate_heads=False`` does what it does. Every coordinate of
-   ``head_mask`` (bool ``[d]``, the parameters of every exit's head, e.g. ``exit_masks(module, [[h] for h in
-   net.heads]).any(0)``) is left out of every node's term, so the global heads are:
-
-   - ``"root_local"``: the root's own, ``w_{t+1} = w_t + delta_r`` on the head coordinates (the released code, whose
-     global model *is* the root's and whose ``broadcast()`` then copies those heads to every node). At ``p = 0`` the
-     root trains its deepest exit only, so the heads of the other exits keep their initial values for the whole run
-     and every other node's trained head is dropped each round;
-   - ``"literal"``: unchanged, ``w_{t+1} = w_t`` on the head coordinates (the released ``aggregate()`` applied to a
-     global model kept apart from the root's: its heads never move).
-
-   The blocks are aggregated exactly as with the heads (``exit_masks`` and ``head_mask`` may overlap only on head
-   coordinates, which are then dropped). ``scripts/referee/fedcis.py`` compares both bases with the released
-   ``aggregate()``.
+   parameter (that would not be Algorithm 6). ``"root_local"`` (the released code's base: the root's locally
+   trained model) and *exit heads* (``aggregate_heads=False``: the released ``aggregate()``, which aggregates no
+   head), with the masks they need, are given in :mod:`lightning_fedhet.algorithms.fedcis_bases`.
 3. *Meaning of p.* A scalar ``p`` is the thesis's parametrisation (§5.4, App. G: "the probability that a given
    client will train **each** of its smaller exits"): ``p_{i,e} = p`` for ``e < E_i`` and
    ``p_{i,E_i} = 1 - (E_i - 1) p`` (:func:`sampling_matrix`), so ``0 <= p <= 1 / (max_i E_i - 1)``. Any other
@@ -114,7 +83,14 @@ from lightning_fedhet._checks import check_bool, check_choice, check_real
 from lightning_fedhet.algorithms._weighted_sum import WeightedSum
 from lightning_fedhet.algorithms.base import Algorithm, ClientInfo, RoundContext, RoundShares
 
-# the rule's two other ideas, in files of their own; re-exported here, where they were first published
+# the rule's three other ideas, in files of their own; re-exported here, where they were first published
+from lightning_fedhet.algorithms.fedcis_bases import (
+    AGGREGATION_BASES,  # noqa: F401 (re-exported: fedcis.AGGREGATION_BASES stays importable)
+    check_aggregation_base,
+    check_head_mask,
+    check_mask_widths,
+    term_masks,
+)
 from lightning_fedhet.algorithms.fedcis_exits import (
     check_exit_masks,
     check_p_matrix,
@@ -148,8 +124,6 @@ __all__ = [
     "FLOPS_WARMUP_RATE",
 ]
 
-AGGREGATION_BASES = ("literal", "root_local")
-
 
 class FedCIS(Algorithm):
     """Fed-CIS server rule (Algorithm 6): each node trains one sampled exit; weights ``Lt_e |D_i|/|D_{e,p}| / p_ie``.
@@ -173,12 +147,13 @@ class FedCIS(Algorithm):
             (``RoundContext.participation_probs``); only useful under partial participation.
         aggregation_base: ``"literal"`` (Algorithm 6: deltas added to ``w_t``, default) or ``"root_local"`` (the
             released code's base: deltas relative to the root's trained model, added to it, heads included, which
-            the released code means but does not do; module docstring, point 2).
+            the released code means but does not do; :mod:`~lightning_fedhet.algorithms.fedcis_bases`).
         exit_masks: bool ``[E, d]``, coordinate ``j`` of the flat vector belongs to exit ``e``'s sub-model; required
             by ``"root_local"`` (and only used there), checked against ``d`` at :meth:`setup`. See
             :func:`exit_masks`.
         aggregate_heads: ``True`` (Algorithm 6 as written, default): the exits' heads are aggregated like the rest of
-            each sub-model; ``False`` (the released code): they are not (module docstring, point 2).
+            each sub-model; ``False`` (the released code): they are not
+            (:mod:`~lightning_fedhet.algorithms.fedcis_bases`).
         head_mask: bool ``[d]``, coordinate ``j`` belongs to an exit's head; required by ``aggregate_heads=False``
             (and only used there), checked against ``d`` at :meth:`setup`.
 
@@ -227,35 +202,8 @@ class FedCIS(Algorithm):
         check_bool(normalize, "normalize")
         check_bool(correct_participation, "correct_participation")
         check_choice(flops_schedule, "flops_schedule", FLOPS_SCHEDULES)
-        check_choice(aggregation_base, "aggregation_base", AGGREGATION_BASES)
-        if aggregation_base == "root_local":
-            if exit_masks is None:
-                raise ValueError(
-                    "aggregation_base='root_local' needs exit_masks (bool [E, d]: the coordinates of each exit's "
-                    "sub-model), e.g. fedcis.exit_masks(module, exit_modules)"
-                )
-            if len(topology.roots) != 1:
-                raise ValueError(
-                    f"aggregation_base='root_local' needs a tree with one root, got roots {list(topology.roots)}"
-                )
-        elif exit_masks is not None:
-            raise ValueError("exit_masks only applies to aggregation_base='root_local'")
-        check_bool(aggregate_heads, "aggregate_heads")
-        if not aggregate_heads:
-            if head_mask is None:
-                raise ValueError(
-                    "aggregate_heads=False needs head_mask (bool [d]: the coordinates of the exits' heads), e.g. "
-                    "fedcis.exit_masks(module, [[head] for head in net.heads]).any(0)"
-                )
-            head_mask = torch.as_tensor(head_mask)
-            if head_mask.dtype != torch.bool or head_mask.dim() != 1 or not head_mask.any():
-                raise ValueError(
-                    f"head_mask must be a bool tensor of shape [d] marking at least one coordinate, got dtype "
-                    f"{head_mask.dtype}, shape {tuple(head_mask.shape)}"
-                )
-            head_mask = head_mask.clone()
-        elif head_mask is not None:
-            raise ValueError("head_mask only applies to aggregate_heads=False")
+        check_aggregation_base(aggregation_base, exit_masks, topology)
+        head_mask = check_head_mask(aggregate_heads, head_mask)
         self.aggregate_heads = bool(aggregate_heads)
         self.head_mask = head_mask
         self.topology = topology
@@ -363,26 +311,13 @@ class FedCIS(Algorithm):
             raise ValueError(
                 f"num_clients={num_clients} but the topology has {self.topology.num_nodes} nodes (client i = node i)"
             )
-        if self.exit_masks is not None and self.exit_masks.shape[1] != init_params.numel():
-            raise ValueError(
-                f"exit_masks has {self.exit_masks.shape[1]} columns but the parameter vector has d = "
-                f"{init_params.numel()} entries"
-            )
-        if self.head_mask is not None and self.head_mask.numel() != init_params.numel():
-            raise ValueError(
-                f"head_mask has {self.head_mask.numel()} entries but the parameter vector has d = "
-                f"{init_params.numel()} entries"
-            )
+        check_mask_widths(self.exit_masks, self.head_mask, init_params.numel())
         super().setup(num_clients, init_params, client_weights, client_sizes)
         if self.exit_masks is not None:
             self.exit_masks = self.exit_masks.to(self.params.device)
         if self.head_mask is not None:
             self.head_mask = self.head_mask.to(self.params.device)
-        # the coordinates a node's term may move: its exit's sub-model (root_local), without the heads if they are
-        # not aggregated; the root's base (its whole delta) is not masked
-        self._term_masks = self.exit_masks
-        if self.head_mask is not None and self.exit_masks is not None:
-            self._term_masks = self.exit_masks & ~self.head_mask
+        self._term_masks = term_masks(self.exit_masks, self.head_mask)  # M_e, less the heads where not aggregated
         self.exits = torch.zeros(self.num_clients, dtype=torch.int64)
         self._draw_round = None
 

@@ -79,9 +79,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
               ["tests/algorithms/test_cafed.py", "tests/algorithms/test_cafed_by_hand.py",
                "tests/algorithms/test_f3ast.py", "tests/algorithms/test_availability_estimators.py",
                "tests/algorithms/test_adafed.py", SHARES]),
-    "fedcis": ([f"{ALG}/fedcis.py", f"{ALG}/fedcis_exits.py", f"{ALG}/fedcis_weights.py"],
+    # test_fedcis_heads.py: the head-mask checks and aggregate_heads=False live in fedcis_bases.py
+    "fedcis": ([f"{ALG}/fedcis.py", f"{ALG}/fedcis_exits.py", f"{ALG}/fedcis_weights.py", f"{ALG}/fedcis_bases.py"],
                ["tests/algorithms/test_fedcis.py", "tests/algorithms/test_fedcis_by_hand.py",
-                "tests/test_fedcis_buffers.py", SHARES]),
+                "tests/algorithms/test_fedcis_heads.py", "tests/test_fedcis_buffers.py", SHARES]),
     "base": ([f"{ALG}/base.py"], ["tests/algorithms/test_algorithm_protocol.py", "tests/algorithms/test_fedavg.py",
                                    "tests/algorithms/test_base_by_hand.py"]),
     "participation": ([f"{PKG}/participation/*"], ["tests/participation"]),
