@@ -93,6 +93,12 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                  f"{PKG}/engines/auto.py", f"{PKG}/engines/registry.py"],
                 [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_auto.py", "tests/engines/test_registry.py",
                  *IN_PROCESS_DDP]),
+    # engine="auto" (the default since 830728b) and the engines' registry alone: the `engines` chunk mutates them too,
+    # but its last run predates auto as the default and its tests take long; these run in seconds
+    "engine-choice": ([f"{PKG}/engines/auto.py", f"{PKG}/engines/registry.py"],
+                      ["tests/engines/test_auto_choice.py", "tests/engines/test_auto.py",
+                       "tests/engines/test_registry.py", "tests/engines/test_engine_choice_by_hand.py",
+                       "tests/test_spec.py", "tests/callbacks/test_round_metrics.py"]),
     # the vmap engine, its cohort and its lock-step scheduler (which also stacks many seeds): the slowest tests
     "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "lockstep", "layout", "_compile_policy")],
              [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py", "tests/engines/test_vmap_compile.py",
