@@ -68,6 +68,17 @@ def test_a_disagreement_an_accuracy_interval_and_a_release_that_does_not_run_are
     assert page.index("### A") < page.index("### B")  # weight comparisons come before accuracy
 
 
+def test_an_accuracy_record_with_one_interval_per_setting_shows_each_with_its_label(tmp_path):
+    # fractions in the record, percentage points with one decimal on the page: 0.004 -> +0.4, -0.0191 -> -1.9
+    differences = [{"label": "beta=0", "mean": 0.004, "low": -0.0191, "high": 0.0261, "seeds": 5},
+                   {"label": "beta=0.8", "mean": -0.031, "low": -0.052, "high": -0.0102, "seeds": 5}]
+    write(tmp_path, "acc", {**WEIGHTS, "kind": "accuracy", "cases": 10, "agree": False, "max_abs_diff": None,
+                            "tolerance": None, "differences": differences})
+    page = "\n".join(section(tmp_path, "toy"))
+    assert ("**they differ**: paired differences theirs − ours, beta=0 +0.4 pp [-1.9, +2.6]; "
+            "beta=0.8 -3.1 pp [-5.2, -1.0] over 5 seeds each") in page
+
+
 def test_report_appends_the_section_to_every_page_and_referee_records_are_not_run_records(tmp_path):
     def run(cell, seed):
         return {"metrics": {"acc": [0.5]}, "engine": "none"}

@@ -4,7 +4,9 @@
 Each script writes one JSON record per comparison to ``docs/results/records/<study>/referee/<name>.json`` (never
 ``seed*.json``: the run records' name) with the keys ``study, title, kind ("weights" | "accuracy"), status,
 authors {repo, commit, files}, command, inputs {description, seeds}, cases, max_abs_diff, tolerance, agree, notes``,
-an optional ``table {header, rows}`` and the provenance of ``lightning_fedhet.experiments.provenance()``.
+an optional ``table {header, rows}``, for accuracy an optional paired ``difference {mean, low, high, seeds}`` or
+``differences`` (a list of them, each with a ``label``), and the provenance of
+``lightning_fedhet.experiments.provenance()``.
 :func:`section` renders them as the "Against the authors' code" section that every study page ends with
 (``scripts/studies/_repo.py`` appends it).
 """
@@ -46,6 +48,12 @@ def _result(r: dict) -> str:
         diff = "" if r.get("max_abs_diff") is None else f", max |theirs − ours| = {_figure(r['max_abs_diff'])}{tol}"
         return f"**{verdict}** over {r['cases']:,} cases{diff}"
     verdict = {True: "no difference detected", False: "they differ", None: "–"}[r.get("agree")]
+    if r.get("differences"):  # one paired difference per setting (label), e.g. per beta
+        parts = [f"{d['label']} {100.0 * d['mean']:+.1f} pp [{100.0 * d['low']:+.1f}, {100.0 * d['high']:+.1f}]"
+                 for d in r["differences"]]
+        seeds = {d["seeds"] for d in r["differences"]}
+        each = f" over {seeds.pop()} seeds each" if len(seeds) == 1 else ""
+        return f"**{verdict}**: paired differences theirs − ours, {'; '.join(parts)}{each}"
     diff = r.get("difference")
     if diff:
         scale = 100.0
