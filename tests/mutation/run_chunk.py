@@ -99,6 +99,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                       ["tests/engines/test_auto_choice.py", "tests/engines/test_auto.py",
                        "tests/engines/test_registry.py", "tests/engines/test_engine_choice_by_hand.py",
                        "tests/test_spec.py", "tests/callbacks/test_round_metrics.py"]),
+    # the federation spec (every setting checked once, the Server it builds, spec= against flat arguments); its
+    # checks run in every strategy's constructor, so only the spec's own tests and the strategy's quick ones run here
+    "spec": ([f"{PKG}/spec.py"], ["tests/test_spec.py", "tests/test_spec_by_hand.py", "tests/test_strategy.py",
+                                  "tests/engines/test_registry.py"]),
     # the vmap engine, its cohort and its lock-step scheduler (which also stacks many seeds): the slowest tests
     "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "lockstep", "layout", "_compile_policy")],
              [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py", "tests/engines/test_vmap_compile.py",
