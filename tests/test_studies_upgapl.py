@@ -112,10 +112,10 @@ def test_a_v2_page_with_records_labels_u2_and_keeps_the_estimate(tmp_path):
     assert "-1.0 pp" in u2.ours
 
 
-def test_v3_picks_sit_inside_their_extended_grid_and_the_study_runs_v3_on_fresh_seeds():
+def test_v3_picks_sit_inside_their_extended_grid_on_fresh_seeds():
     # protocol v3: the grid extended upwards to 10^0.5 so that no pick is at an edge; seeds 20-31 (none of v1/v2's 0-9
     # nor the pilots' 100, 101)
-    assert upgapl.STUDY.protocol == "v3" and upgapl.STUDY.seeds == tuple(range(20, 32))
+    assert upgapl.SEEDS_BY_PROTOCOL["v3"] == tuple(range(20, 32))
     assert {c.method for c in upgapl.CELLS_V3} == set(upgapl.METHODS)
     grid = sorted(upgapl.V3_GRID)
     assert math.isclose(grid[-1], 10 ** 0.5) and len(grid) == 8
@@ -125,12 +125,26 @@ def test_v3_picks_sit_inside_their_extended_grid_and_the_study_runs_v3_on_fresh_
     assert upgapl.CELLS_V3[2].method == "UDMA-PL" and upgapl.CELLS_V3[2].config["lr"] == 1.0
 
 
-def _v3_record(method, seed, final, swing=0.0):
-    """A v3 record whose accuracy is ``final`` at every evaluation (``swing`` added on alternate evaluations)."""
-    rounds = list(range(5, 201, 5))
+def test_v4_runs_the_decaying_step_over_400_rounds_on_fresh_seeds_with_interior_picks():
+    # protocol v4: eta_t = eta_0 * 10 / (10 + t), T = 400, eta_0 from {10^-1.5, ..., 10} (extended where a pick sat
+    # at the top), seeds 40-59 (none of v1-v3's nor the pilots' 100-103)
+    assert upgapl.STUDY.protocol == "v4" and upgapl.STUDY.seeds == tuple(range(40, 60))
+    assert {c.method for c in upgapl.CELLS_V4} == set(upgapl.METHODS)
+    for cell in upgapl.CELLS_V4:
+        c = cell.config
+        assert (c["lr_schedule"], c["lr_decay_rounds"], c["rounds"], c["final_window"]) == ("harmonic", 10.0, 400, 0.1)
+        grid = sorted(c["lr_grid"])
+        assert math.isclose(grid[0], 10 ** -1.5) and grid[0] < c["lr"] < grid[-1]
+        assert any(math.isclose(c["lr"], g) for g in grid)
+    assert not set(upgapl.SEEDS_BY_PROTOCOL["v4"]) & {*range(0, 32), *range(100, 104)}
+
+
+def _v3_record(method, seed, final, swing=0.0, protocol="v3"):
+    """A v3 (v4) record whose accuracy is ``final`` at every evaluation (``swing`` added on alternate evaluations)."""
+    cell = next(c for c in (upgapl.CELLS_V3 if protocol == "v3" else upgapl.CELLS_V4) if c.method == method)
+    rounds = list(range(5, cell.config["rounds"] + 1, 5))
     acc = [final + (swing if k % 2 else -swing) for k in range(len(rounds))]
-    cell = next(c for c in upgapl.CELLS_V3 if c.method == method)
-    return {"study": "upgapl", "protocol": "v3", "setting": cell.setting, "method": method, "seed": seed,
+    return {"study": "upgapl", "protocol": protocol, "setting": cell.setting, "method": method, "seed": seed,
             "commit": "abc", "dirty": False, "engine": "vmap", "device": "cpu", "torch": "2", "wall_s": 1.0,
             "cpu_s": 1.0, "config": cell.config,
             "metrics": {"round": rounds, "val_acc": acc, "received_per_round": [5] * 200, "empty_rounds": [0]}}
@@ -172,3 +186,26 @@ def test_v3_a_cell_that_still_moves_gets_no_verdict(tmp_path):
     assert verdicts["v3, U1"] == "not converged"
     assert verdicts["v3, U2"] != "not converged"  # UPGA-PL and lossless are settled
     assert "+2.00 pp" in (tmp_path / "upgapl.md").read_text()
+
+
+def test_v4_claims_follow_the_same_rule_over_its_20_seeds_and_400_rounds(tmp_path):
+    # 20 seeds. UPGA-PL - DMA-PL alternates +3 / +5 pp: mean 4 pp, SD sqrt(20/19) = 1.026 pp; Bonferroni (m = 4),
+    # 98.75 % with 19 df (t = 2.7586): 4 +- 2.7586 * 1.026 / sqrt(20) = 4 +- 0.63 pp -> [3.4, 4.6], reproduced.
+    # DMA-PL's accuracy then rises by 2 pp between rounds 321-360 and 361-400: U1 is "not converged" instead.
+    records = []
+    for seed in range(40, 60):
+        records += [_v3_record("UPGA-PL", seed, 0.90, protocol="v4"),
+                    _v3_record("DMA-PL", seed, 0.90 - (0.03 if seed % 2 else 0.05), protocol="v4"),
+                    _v3_record("FedAvg (lossless)", seed, 0.95, protocol="v4"),
+                    _v3_record("UDMA-PL", seed, 0.60, swing=0.10, protocol="v4")]
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
+    page = (tmp_path / "upgapl.md").read_text()
+    assert verdicts["v4, U1"] == "reproduced" and "4.0 pp [3.4, 4.6]" in page
+    assert verdicts["v4, U2"] == "not reproduced" and verdicts["v4, U3a"] == "reproduced"
+    assert verdicts["v3, U1"] == "pending"  # no v3 records given: v3's claims stay pending, each version on its own
+    for r in records:
+        if r["method"] == "DMA-PL":
+            r["metrics"]["val_acc"] = [a + (0.02 if rnd > 360 else 0.0)
+                                       for rnd, a in zip(r["metrics"]["round"], r["metrics"]["val_acc"])]
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
+    assert verdicts["v4, U1"] == "not converged" and verdicts["v4, U2"] != "not converged"

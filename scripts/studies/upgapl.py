@@ -221,8 +221,21 @@ SETTINGS_V3 = {
 }
 CELLS_V3 = tuple(Cell(setting, m, make_config(m, lrs[m], **over))
                  for setting, (over, lrs) in SETTINGS_V3.items() for m in METHODS)
-#: protocol v3's fresh confirmatory seeds (80 % power for U1 at the contributions list's 5 pp from v2's paired SD)
-SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10)), "v3": tuple(range(20, 32))}
+#: Protocol v4: Theorem 4.3.1's decaying step eta_t = eta_0 * 10 / (10 + t) (v1's schedule) over T = 400 rounds,
+#: eta_0 per rule picked on pilot seeds 100-103 from this grid among the values whose pilot curve passes the
+#: convergence check (protocol v4, "Pilots"); v3's constant steps never settled for UPGA-PL and UDMA-PL.
+V4_GRID = (10 ** -1.5, 1e-1, 10 ** -0.5, 1.0, 10 ** 0.5, 10.0)
+V4_PICKS = {"UPGA-PL": 10 ** -0.5, "DMA-PL": 10 ** 0.5, "UDMA-PL": 10 ** 0.5, "FedAvg (lossless)": 10 ** 0.5}
+SETTINGS_V4 = {
+    "decaying-grid": ({"lr_schedule": "harmonic", "lr_decay_rounds": 10.0, "rounds": 400, "lr_grid": list(V4_GRID)},
+                      V4_PICKS),
+}
+CELLS_V4 = tuple(Cell(setting, m, make_config(m, lrs[m], **over))
+                 for setting, (over, lrs) in SETTINGS_V4.items() for m in METHODS)
+#: protocol v3's fresh confirmatory seeds (80 % power for U1 at the contributions list's 5 pp from v2's paired SD);
+#: protocol v4's (the same power target from v3's paired SD, 7.3 pp: 19 seeds, rounded to 20)
+SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10)), "v3": tuple(range(20, 32)),
+                     "v4": tuple(range(40, 60))}
 #: protocol v3's convergence check: |tail_change| of a cell's seed-mean accuracy curve below this; 1 pp, and 5 pp for
 #: UDMA-PL, whose accuracy swings by about 10 pp between evaluations by design (U3; protocol v3, "Convergence")
 CONVERGENCE_BOUNDS = {"UPGA-PL": 0.01, "DMA-PL": 0.01, "UDMA-PL": 0.05, "FedAvg (lossless)": 0.01}
@@ -249,13 +262,15 @@ def oscillation(record: dict) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-PRIMARY = {"v1": "decaying", "v2": "thesis-grid", "v3": "extended-grid"}
+PRIMARY = {"v1": "decaying", "v2": "thesis-grid", "v3": "extended-grid", "v4": "decaying-grid"}
 SETTING_TEXT = {
     "decaying": "step size eta_t = eta_0 * 10 / (10 + t) (Theorem 4.3.1's form)",
     "constant": "constant step size 0.05 for every rule (the earlier page's recipe, not tuned)",
     "thesis-grid": "constant step size per rule, picked from the thesis's grid {1e-3, ..., 1e-1} on pilot seeds",
     "extended-grid": "constant step size per rule, picked from the thesis's grid extended upwards to 10^0.5 on pilot "
                      "seeds, every pick interior",
+    "decaying-grid": "step size eta_t = eta_0 * 10 / (10 + t) (Theorem 4.3.1's form) over 400 rounds, eta_0 per rule "
+                     "picked on pilot seeds from {10^-1.5, ..., 10} among the values whose pilot curve settled",
 }
 CLAIMS = {
     "U1": ("UPGA-PL beats the state of the art, DMA-PL, on Synthetic LEAF (Fig. 4.1b)",
@@ -415,19 +430,21 @@ def _cell_checks(recs: list[dict], method: str) -> tuple[float, bool, str]:
     return change, abs(change) < CONVERGENCE_BOUNDS[method], grid_place(cfg["lr"], cfg["lr_grid"])
 
 
-def _v3_section(recs: list[dict]) -> tuple[list[str], list[Summary]]:
-    """Protocol v3's results: every cell with its convergence check and grid place, the four claims decided by
-    :func:`~lightning_fedhet.experiments.decide` / ``decide_within`` on Bonferroni intervals over the four."""
-    planned = len(SEEDS_BY_PROTOCOL["v3"])
+def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list[Summary]]:
+    """Protocol v3's (or v4's) results: every cell with its convergence check and grid place, the four claims decided
+    by :func:`~lightning_fedhet.experiments.decide` / ``decide_within`` on Bonferroni intervals over the four."""
+    planned = len(SEEDS_BY_PROTOCOL[protocol])
+    setting = PRIMARY[protocol]
+    picks = {"v3": V3_PICKS, "v4": V4_PICKS}[protocol]
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
     finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
     osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
     checks = {m: _cell_checks(recs, m) for m in methods}
-    rows = [(m, f"{V3_PICKS[m]:g}", checks[m][2], fmt_mean_ci(list(finals[m].values())),
+    rows = [(m, f"{picks[m]:g}", checks[m][2], fmt_mean_ci(list(finals[m].values())),
              fmt_mean_ci(list(osc[m].values())), f"{100 * checks[m][0]:+.2f} pp",
              ("yes" if checks[m][1] else "**no**") + f" (< {100 * CONVERGENCE_BOUNDS[m]:g} pp)",
              seeds_done(len(finals[m]), planned)) for m in methods]
-    lines = [f"#### Setting `extended-grid`: {SETTING_TEXT['extended-grid']}\n",
+    lines = [f"#### Setting `{setting}`: {SETTING_TEXT[setting]}\n",
              markdown_table(("rule", "eta_0", "place in the grid", "final acc. % (last 10 % of rounds)",
                              "oscillation (pp)", "convergence: change over the last 20 % of rounds "
                              "(seed-mean curve)", "converged", "seeds"), rows)]
@@ -470,7 +487,7 @@ def _v3_section(recs: list[dict]) -> tuple[list[str], list[Summary]]:
         adj = fmt_ci(d.mean + shift, d.lo + shift, d.hi + shift, scale=scale, unit=unit)
         rows.append((cid, what, ours, adj, f"**{d.text()}**"))
         claim = CLAIMS["U3" if cid.startswith("U3") else cid]
-        summaries.append(Summary(f"v3, {cid}: {claim[0]}" + (" (oscillation)" if cid == "U3a" else " (range)"
+        summaries.append(Summary(f"{protocol}, {cid}: {claim[0]}" + (" (oscillation)" if cid == "U3a" else " (range)"
                                                                if cid == "U3b" else ""),
                                  claim[1], f"{ours} ({len(diffs[cid])} seeds)", d.text()))
     lines += ["\nClaims, decided by `lightning_fedhet.experiments.decide` (U1, U3a) and `decide_within` (U2: the "
@@ -478,7 +495,7 @@ def _v3_section(recs: list[dict]) -> tuple[list[str], list[Summary]]:
               "four claims** (98.75 % each: family-wise 95 %), the raw 95 % interval beside; a claim whose cells "
               "are not converged or tuned at a grid edge gets no verdict:\n",
               markdown_table(("claim", "comparison", "ours (raw 95 % CI)", "deciding interval (Bonferroni, 4 claims)",
-                              "v3 label"), rows), ""]
+                              f"{protocol} label"), rows), ""]
     return lines, summaries
 
 
@@ -502,16 +519,22 @@ SETTING_V3_TEXT = (
     "(`lightning_fedhet.experiments.decide`) on Bonferroni intervals over the page's four claims.\n")
 
 
+SETTING_V4_TEXT = (
+    "As v3, with Theorem 4.3.1's decaying step size eta_t = eta_0 * 10 / (10 + t) (v1's schedule) over T = 400 "
+    "rounds (v3's constant steps never settled for UPGA-PL and UDMA-PL), eta_0 per rule picked on pilot seeds "
+    "100-103 from {10^-1.5, 10^-1, 10^-0.5, 1, 10^0.5, 10} among the values whose pilot curve passed the convergence "
+    "check, every pick interior, and fresh seeds 40-59; *final* = rounds 365-400.\n")
+
+
 def write_report(records: list[dict], out: Path) -> list[Summary]:
     """``out/upgapl.md`` and ``out/upgapl/*.png`` from the records (every protocol version)."""
     name = "upgapl"
     lines = [
         "# UPGA-PL under lossy uplinks (thesis ch. 4, Fig. 4.1)\n",
         "Generated by `python scripts/reproduce.py report` from the run records in "
-        f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md), [v2]({name}/protocol-v2.md) and "
-        f"[v3]({name}/protocol-v3.md) (each committed before its runs; each lists the thesis's setting beside ours "
-        "with "
-        "every departure).\n",
+        f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md), [v2]({name}/protocol-v2.md), "
+        f"[v3]({name}/protocol-v3.md) and [v4]({name}/protocol-v4.md) (each committed before its runs; each lists "
+        "the thesis's setting beside ours with every departure).\n",
         "## Claims (quoted in the protocols)\n",
         markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis shows these as curves (10 seeds) and states the gaps in its text; it gives no table.\n",
@@ -519,11 +542,12 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "Protocol v1: " + SETTING_V1_TEXT,
         "Protocol v2: " + SETTING_V2_TEXT,
         "Protocol v3: " + SETTING_V3_TEXT,
+        "Protocol v4: " + SETTING_V4_TEXT,
     ]
     summaries: list[Summary] = []
     rows, ruled_out = power_rows(records)
-    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2, "v3": SETTINGS_V3}
-    for protocol in ("v3", "v2", "v1"):
+    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2, "v3": SETTINGS_V3, "v4": SETTINGS_V4}
+    for protocol in ("v4", "v3", "v2", "v1"):
         recs = [r for r in records if r["protocol"] == protocol]
         seeds = SEEDS_BY_PROTOCOL[protocol]
         lines.append(f"## Results, protocol {protocol}\n")
@@ -533,18 +557,18 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
                       f"margin); a claim that needs more than the {len(seeds)} planned seeds is **not testable "
                       "here** (its estimate is still shown).\n",
                       markdown_table(_power.POWER_HEADER, rows), ""]
-        if protocol == "v3":
+        if protocol in ("v3", "v4"):
             if recs:
-                text, found = _v3_section(recs)
+                text, found = _v3_section(recs, protocol)
                 lines += text
                 summaries += found
                 fig = f"{name}/accuracy-{protocol}.png"
-                _plot(recs, list(SETTINGS_V3), out / fig, "UPGA-PL study, protocol v3: test accuracy, mean and 95 % "
-                      "CI over seeds (n in legend)")
+                _plot(recs, list(settings_of[protocol]), out / fig, f"UPGA-PL study, protocol {protocol}: test "
+                      "accuracy, mean and 95 % CI over seeds (n in legend)")
                 lines += [f"![test accuracy against rounds]({fig})\n", f"Compute: {compute_used(recs)}.\n"]
             else:
                 lines.append("No records yet: every claim is **pending**.\n")
-                summaries += [Summary(f"v3, {k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
+                summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
             continue
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
@@ -574,7 +598,7 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "a GPU session).\n",
         "## Reproduce\n",
         "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 20-31   # protocol v3's missing runs",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 40-59   # protocol v4's missing runs",
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
@@ -584,15 +608,16 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
     return summaries
 
 
-#: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
+#: re-run bit for bit by `reproduce.py check --rerun` (CI): protocol v3's first cell, cut to a few seconds (kept
+#: under v4: the canary checks the code, which v4 runs unchanged)
 CANARY = Cell(CELLS_V3[0].setting, CELLS_V3[0].method, {**CELLS_V3[0].config, "rounds": 2, "eval_every": 1})
 
 STUDY = _repo.study(
     name="upgapl",
     title="UPGA-PL (thesis ch. 4)",
-    protocol="v3",
-    seeds=SEEDS_BY_PROTOCOL["v3"],
-    cells=CELLS_V3,
+    protocol="v4",
+    seeds=SEEDS_BY_PROTOCOL["v4"],
+    cells=CELLS_V4,
     run=run_cell,
     report=write_report,
     threads=1,
