@@ -131,6 +131,10 @@ class Decision:
         if self.label == "inconclusive" and self.gain is not None:
             need = "> 10,000" if self.seeds_for_80 is None else str(self.seeds_for_80)
             return f"inconclusive ({need} seeds for 80 % power)"
+        if self.label == "inconclusive" and (self.hi < 0 or self.lo > 0):
+            # an equivalence claim's interval may exclude 0 and still cross the margin: the sign is resolved and a
+            # page must say so (a resolved sign is never hidden behind "inconclusive")
+            return f"inconclusive (a gap {'below' if self.hi < 0 else 'above'} 0 is resolved)"
         if self.label == "pending":
             return f"pending ({self.n}/{self.planned} seeds)"
         return self.label
@@ -210,6 +214,9 @@ def decide_within(lo: float, hi: float, margin: float, n: int, planned: int, *, 
         return out("reproduced", "the interval lies inside the margin")
     if hi < -margin or lo > margin:
         return out("not reproduced", "the interval lies outside the margin")
+    if hi < 0 or lo > 0:
+        return out("inconclusive", f"the interval crosses the margin but lies {'below' if hi < 0 else 'above'} 0: "
+                                   "a gap is resolved, its size against the margin is not")
     return out("inconclusive", "the interval crosses the margin: equivalence neither shown nor excluded")
 
 

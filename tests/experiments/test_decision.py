@@ -210,6 +210,19 @@ def test_equivalence_claims_within_a_margin():
         decide_within(-0.5, 0.5, 0.0, 10, 10)
 
 
+def test_an_equivalence_interval_that_excludes_0_says_the_sign_is_resolved():
+    # UPGA-PL v4's U2: -3.4 [-6.5, -0.2] pp against a 1 pp margin crosses -1 (inconclusive) but lies below 0: the
+    # page must report the resolved sign. [0.2, 1.5] likewise above 0; [-1.5, 0.5] holds 0: nothing to add.
+    below = decide_within(-6.5, -0.2, 1.0, 20, 20, mean=-3.4)
+    assert below.label == "inconclusive" and below.text() == "inconclusive (a gap below 0 is resolved)"
+    assert below.reason == ("the interval crosses the margin but lies below 0: a gap is resolved, its size against "
+                            "the margin is not")
+    assert decide_within(0.2, 1.5, 1.0, 20, 20).text() == "inconclusive (a gap above 0 is resolved)"
+    held = decide_within(-1.5, 0.5, 1.0, 20, 20)
+    assert held.text() == "inconclusive" and held.reason.endswith("equivalence neither shown nor excluded")
+    assert decide_within(-0.0, 1.5, 1.0, 20, 20).text() == "inconclusive"  # touching 0 is not excluding it
+
+
 def test_tail_change_compares_the_last_tenth_with_the_tenth_before():
     # rounds 10, 20, ..., 100 (T = 100, tail 0.2): last window (90, 100] holds round 100, the one before (80, 90]
     # holds round 90. values = round / 100 -> 1.0 - 0.9 = 0.1
