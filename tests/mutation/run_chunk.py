@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib.util
 import json
 import os
 import re
@@ -44,6 +45,13 @@ IN_PROCESS_DDP = [f"tests/test_strategy_ddp.py::{name}" for name in (
     "test_one_process_in_this_process_equals_fedhetstrategy", "test_one_process_comm_and_round_logs_by_hand",
     "test_an_exception_inside_a_round_of_one_process_leaves_the_global_model",
     "test_one_process_rounds_of_no_client_and_the_clients_losses", "test_constructor_checks")]
+#: the Flower replies' tests less the fuzz test
+REPLIES_BY_HAND = [f"tests/flower/test_replies.py::{name}" for name in (
+    "test_each_bad_reply_is_rejected_counted_and_the_round_goes_on", "test_replies_from_outside_the_round_are_rejected",
+    "test_honest_replies_are_all_taken_and_nothing_is_counted",
+    "test_non_finite_and_too_long_updates_are_also_in_the_servers_rejected_ids",
+    "test_integer_buffers_are_checked_not_bounded_by_the_norm",
+    "test_the_superlinks_error_for_a_gone_node_counts_under_that_node", "test_check_integers_by_hand")]
 #: chunk -> (modules to mutate, tests that run against them)
 CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     "server": ([f"{PKG}/server.py"], ["tests/test_server_options.py", "tests/test_server.py",
@@ -103,6 +111,13 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     # checks run in every strategy's constructor, so only the spec's own tests and the strategy's quick ones run here
     "spec": ([f"{PKG}/spec.py"], ["tests/test_spec.py", "tests/test_spec_by_hand.py", "tests/test_strategy.py",
                                   "tests/engines/test_registry.py"]),
+    # the Flower bridge's parts that need no running Flower: reply validation, aggregation, checkpoint, node map, the
+    # model codec; their tests import flwr, which only .venv-flower holds (see NEEDS); the simulation and deployment
+    # tests (test_equivalence.py, test_deployment.py: Ray, real processes) are left out, and so is the replies' fuzz
+    # test (hypothesis shrinks every failure it finds: minutes for each mutant it catches; the cases by hand remain)
+    "flower": ([f"{PKG}/flower/{name}.py" for name in ("replies", "aggregation", "checkpoint", "nodes", "protocol")],
+               [*REPLIES_BY_HAND, "tests/flower/test_pieces.py", "tests/flower/test_checkpoint.py",
+                "tests/flower/test_flower_by_hand.py"]),
     # the vmap engine, its cohort and its lock-step scheduler (which also stacks many seeds): the slowest tests
     "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "lockstep", "layout", "_compile_policy")],
              [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py", "tests/engines/test_vmap_compile.py",
@@ -124,6 +139,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                      "tests/experiments/test_page_helpers.py", "tests/experiments/test_stats_and_canary_by_hand.py",
                      "tests/experiments/test_records_by_hand.py"]),
 }
+#: chunk -> the module its tests import that the core environment lacks: such a chunk runs under an interpreter that
+#: has it (and mutmut), e.g. ``.venv-flower/bin/python -m tests.mutation.run_chunk flower`` after
+#: ``bash scripts/ci_flower.sh`` built .venv-flower and ``.venv-flower/bin/pip install "mutmut>=3.8"``
+NEEDS = {"flower": "flwr"}
 
 
 def _section(modules: list[str], tests: list[str]) -> str:
@@ -170,6 +189,11 @@ def _change(mutmut: str, work: Path, env: dict, mutant: str) -> str:
 def run_chunk(name: str, cores: int, mutmut: str, rev: str | None = None, show_changes: bool = False,
               only: list[str] | None = None) -> int:
     modules, tests = CHUNKS[name]
+    if name in NEEDS and importlib.util.find_spec(NEEDS[name]) is None:
+        # otherwise every test would skip, and no mutant could be killed
+        print(f"chunk {name}: needs {NEEDS[name]}, which {sys.executable} does not have; run it with an interpreter "
+              f"that has it and mutmut (.venv-flower: see NEEDS in {Path(__file__).relative_to(ROOT)})")
+        return 1
     work = ROOT / ".mutation" / (name if rev is None else f"{name}@{rev}")
     if work.exists():
         shutil.rmtree(work)
