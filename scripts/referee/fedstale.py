@@ -286,7 +286,8 @@ def run_library_training(run: dict, beta: float, seed: int, c: dict, evaluated: 
     seed_everything(seed, workers=False, verbose=False)
     # the FedStale code's MnistCNN (the same layers in the same order), set to their initial global weights
     model = Classifier("mnist_cnn", num_classes=10, lr=c["lr"], weight_decay=c["weight_decay"])
-    torch.nn.utils.vector_to_parameters(run["init"].to(torch.float32), model.model.parameters())
+    # a copy: vector_to_parameters makes the parameters views of the vector, which training then changes in place
+    torch.nn.utils.vector_to_parameters(run["init"].to(torch.float32).clone(), model.model.parameters())
     data = FederatedDataModule(TensorDataset(x, y), parts, batch_size=c["batch_size"], val_dataset=val,
                                eval_batch_size=1000, seed=seed)
     strategy = FedHetStrategy(
