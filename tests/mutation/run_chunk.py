@@ -138,6 +138,20 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                     ["tests/test_reproduce.py", "tests/experiments/test_report.py", "tests/experiments/test_runs.py",
                      "tests/experiments/test_page_helpers.py", "tests/experiments/test_stats_and_canary_by_hand.py",
                      "tests/experiments/test_records_by_hand.py"]),
+    # the driver: runner.py's run_study, tasks, progress, failure records and per-processor canaries, records.py's
+    # loading, paths and machine description, the backends and the study declaration; the Ray tests are left out
+    # (a local cluster: about 20 s for every mutant they cover), so Ray.execute runs only under the tests by hand
+    # that call it with a stand-in for Ray, and so is test_example.py (its study lives in examples/, which the
+    # mutants' tree lacks); runner.py's and records.py's parts the `experiments` chunk measured: --only the rest
+    "experiments-driver": ([f"{PKG}/experiments/{name}.py" for name in ("runner", "records", "backends", "study")],
+                           ["tests/test_reproduce.py", "tests/experiments/test_runs.py",
+                            "tests/experiments/test_report.py", "tests/experiments/test_study_cli.py",
+                            "tests/experiments/test_page_helpers.py",
+                            "tests/experiments/test_boundaries.py", "tests/experiments/test_records_by_hand.py",
+                            "tests/experiments/test_stats_and_canary_by_hand.py",
+                            "tests/experiments/test_ray_and_wandb.py::"
+                            "test_wandb_offline_groups_runs_per_cell_and_logs_the_paired_table_and_figures",
+                            "tests/experiments/test_driver_by_hand.py"]),
 }
 #: chunk -> the module its tests import that the core environment lacks: such a chunk runs under an interpreter that
 #: has it (and mutmut), e.g. ``.venv-flower/bin/python -m tests.mutation.run_chunk flower`` after
