@@ -16,7 +16,6 @@ pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.
 
 import torch  # noqa: E402
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from lightning_fedhet.algorithms import FedAvg, FedVARP  # noqa: E402
 from lightning_fedhet.flat import FlatModel  # noqa: E402
@@ -27,13 +26,7 @@ from tests.flower import scenario  # noqa: E402
 NODE_IDS = [501, 502, 503, 504]  # node of partition 0, 1, 2, 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _task_identity():
-    """What a ServerApp process has set when it builds messages (a Flower runtime sets it; here the test does)."""
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")  # tests/flower/conftest.py
 
 
 class ServerKilled(RuntimeError):

@@ -26,14 +26,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.sh runs this with Flower
-pytestmark = pytest.mark.skipif(
-    os.environ.get("FEDHET_FLOWER_DEPLOY") != "1",
-    reason="real Flower processes, several minutes: set FEDHET_FLOWER_DEPLOY=1 (scripts/ci_flower.sh does)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("FEDHET_FLOWER_DEPLOY") != "1",
+        reason="real Flower processes, several minutes: set FEDHET_FLOWER_DEPLOY=1 (scripts/ci_flower.sh does)",
+    ),
+    pytest.mark.usefixtures("task_identity"),  # the in-process replay builds messages (tests/flower/conftest.py)
+]
 
 import torch  # noqa: E402
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from lightning_fedhet.flat import FlatModel  # noqa: E402
 from lightning_fedhet.flower import FedHetFlowerStrategy, LightningClient  # noqa: E402
@@ -99,15 +101,6 @@ def finish(cluster: Cluster, run, name: str, output) -> dict:
         raise
     assert output.exists(), f"the ServerApp of {name} wrote no output\n{cluster.diagnostics(name)}"
     return load(output)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _task_identity():
-    """What a ServerApp process has set when it builds messages (the in-process replay below needs it)."""
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.
 
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from lightning_fedhet import UniformSample  # noqa: E402
 from lightning_fedhet.algorithms import FedAvg  # noqa: E402
@@ -30,13 +29,7 @@ from lightning_fedhet.participation import Bernoulli, Full, Trace  # noqa: E402
 NODES = [101, 202]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _task_identity():
-    """What a ServerApp process has set when it builds messages (a Flower runtime sets it; here the test does)."""
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")  # tests/flower/conftest.py
 
 
 class _Net(torch.nn.Module):

@@ -16,7 +16,6 @@ pytest.importorskip("flwr")  # the core environment has none; scripts/ci_flower.
 
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -46,13 +45,7 @@ class _Net(torch.nn.Module):
             self.linear.bias.zero_()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _task_identity():
-    """What a ServerApp process has set when it builds messages (a Flower runtime sets it; here the test does)."""
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")  # tests/flower/conftest.py
 
 
 class _Grid:
