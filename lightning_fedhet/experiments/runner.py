@@ -284,8 +284,8 @@ def rerun_canary(study: Study, root: str | Path | None = None) -> list[str]:
     problems = []
     for key in CANARY_KEYS:
         if not _agrees(committed.get(key), fresh.get(key), exact or key == "data_checksum"):
-            where = "" if exact else (f"; compared within {CANARY_TOLERANCE} on {fresh.get('cpu')}, "
-                                      f"not {committed.get('cpu')}, which has no canary record of its own")
+            where = "" if exact else (f"; compared within {CANARY_TOLERANCE} on {fresh.get('cpu')}, which has "
+                                      f"no canary record of its own, not {committed.get('cpu')}")
             problems.append(f"{study.name}: canary {key} differs from the record made at {committed['commit']} "
                             f"({first_difference(committed.get(key), fresh.get(key))}{where})")
     return problems

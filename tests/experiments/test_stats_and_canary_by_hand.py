@@ -164,7 +164,7 @@ def test_a_drift_is_named_with_where_it_was_compared(tmp_path):
         path.write_text(json.dumps(stored))
         assert rerun_canary(CANARY, root=tmp_path) == [
             f"toy: canary metrics differs from the record made at {commit} (acc[0]: recorded 0.5, now 0.51; "
-            f"compared within 0.001 on {cpu}, not Some Other CPU; AVX2, which has no canary record of its own)"]
+            f"compared within 0.001 on {cpu}, which has no canary record of its own, not Some Other CPU; AVX2)"]
     finally:
         DRIFT["offset"] = 0.0
 
