@@ -212,13 +212,19 @@ class Server:
         return self._take(client, delta, loss, optimizer_state, int_delta, finite=None)
 
     def submit_cohort(
-        self, clients: Sequence[int], deltas: Tensor, losses: Sequence[float], int_deltas: Tensor | None = None
+        self,
+        clients: Sequence[int],
+        deltas: Tensor,
+        losses: Sequence[float],
+        int_deltas: Tensor | None = None,
+        optimizer_states: Sequence[list[dict] | None] | None = None,
     ) -> list[bool]:
         """Several trained clients' updates at once: row ``k`` of ``deltas`` (``[C, d]``) is client ``clients[k]``'s,
-        row ``k`` of ``int_deltas`` (int64 ``[C, m]``, optional) the change of its integer buffers.
+        row ``k`` of ``int_deltas`` (int64 ``[C, m]``, optional) the change of its integer buffers, entry ``k`` of
+        ``optimizer_states`` (optional) its optimizer state as :meth:`submit` takes it.
 
-        The same as :meth:`submit` for each row in order (no optimizer state), with one finiteness check and one
-        host sync for the whole cohort. Returns whether each update was aggregated.
+        The same as :meth:`submit` for each row in order, with one finiteness check and one host sync for the whole
+        cohort. Returns whether each update was aggregated.
         """
         if deltas.dim() != 2 or deltas.shape[0] != len(clients) or len(losses) != len(clients):
             raise ValueError(
@@ -226,11 +232,17 @@ class Server:
                 f"shape {tuple(deltas.shape)}, {len(losses)} losses"
             )
         self._check_open()
+        if optimizer_states is not None and len(optimizer_states) != len(clients):
+            raise ValueError(
+                f"submit_cohort needs one optimizer state per client: {len(clients)} clients, "
+                f"{len(optimizer_states)} optimizer states"
+            )
         finite = rows_finite(deltas).tolist()
         ints = [None] * len(clients) if int_deltas is None else int_deltas
+        states = [None] * len(clients) if optimizer_states is None else optimizer_states
         return [
-            self._take(client, delta, loss, None, int_delta, finite=ok)
-            for client, delta, loss, int_delta, ok in zip(clients, deltas, losses, ints, finite)
+            self._take(client, delta, loss, state, int_delta, finite=ok)
+            for client, delta, loss, int_delta, state, ok in zip(clients, deltas, losses, ints, states, finite)
         ]
 
     def _take(

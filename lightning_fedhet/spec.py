@@ -65,7 +65,8 @@ class FederationSpec:
         compile: ``True`` or a ``torch.compile`` mode for the vmap engine; ``None``: not compiled, except where
             ``engine="auto"`` finds that compiling pays (an explicit engine keeps ``False``).
         seed: seed of every random draw; ``None`` takes Lightning's global seed (``seed_everything``), else 0.
-        optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``.
+        optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"`` (each
+            client's own state across its rounds; on the vmap engine SGD's momentum buffers only).
         client_weights: ``alpha_i`` passed to the algorithm: ``"uniform"`` (1/N) or ``"samples"`` (|D_i|/|D|).
         max_update_norm: optional bound on the L2 norm of a client's parameter update.
         update_norm_action: ``"reject"`` or ``"clip"`` an update over ``max_update_norm``.

@@ -57,7 +57,8 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         seed: seed of every random draw (participation, selection, channel, data order); ``None`` takes
             Lightning's global seed (``seed_everything``), else 0.
         optimizer_state: ``"reset"`` (fresh optimizer state for each client each round) or ``"persist"``
-            (each client keeps its own optimizer state across rounds; memory grows with N).
+            (each client keeps its own optimizer state across rounds; memory grows with N). The vmap engine keeps
+            SGD's momentum buffers; other optimizers run ``"persist"`` on the sequential engine.
         client_weights: ``alpha_i`` passed to the algorithm: ``"uniform"`` (1/N) or ``"samples"`` (|D_i|/|D|).
         max_update_norm: optional bound on the L2 norm of a client's parameter update (robustness).
         update_norm_action: ``"reject"`` (such an update is rejected and counted, like a non-finite one) or

@@ -180,9 +180,9 @@ def job_batchnorm() -> dict:
     return result(s, ints=s.server.global_ints.clone())
 
 
-def job_persist() -> dict:
+def job_persist(engine: str = "sequential") -> dict:
     s, _ = fit(TinyClassifier(momentum=0.5), six_clients(),
-               strategy=strategy(**hetero(FedAvg()), optimizer_state="persist"))
+               strategy=strategy(**hetero(FedAvg()), optimizer_state="persist", engine=engine))
     return result(s)
 
 
@@ -222,6 +222,7 @@ def jobs(out: Path) -> dict:
             "broadcast": (job_broadcast,),
             "batchnorm": (job_batchnorm,),
             "persist": (job_persist,),
+            "persist-vmap": (job_persist, "vmap"),
             "reject": (job_reject,),
         }
     )

@@ -141,25 +141,28 @@ class ConstantGradient(pl.LightningModule):
         ("reset", 6.0),
     ],
 )
-def test_persisted_momentum_carries_across_rounds_per_client(optimizer_state, expected):
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_persisted_momentum_carries_across_rounds_per_client(optimizer_state, expected, engine):
     # Slips caught: "persist" behaving as "reset" (6.0 instead of 8.5), or the clients' states mixed up (one shared
-    # buffer would give client 1 in round 0 the buffer of client 0: a different total).
+    # buffer would give client 1 in round 0 the buffer of client 0: a different total); under either engine.
     x = torch.tensor([1.0, 1.0, 3.0, 3.0]).unsqueeze(1)
     data = FederatedDataModule(TensorDataset(x), [[0, 1], [2, 3]], batch_size=2)
-    strategy = FedHetStrategy(algorithm=FedAvg(), participation=Full(), optimizer_state=optimizer_state)
+    strategy = FedHetStrategy(algorithm=FedAvg(), participation=Full(), optimizer_state=optimizer_state,
+                              engine=engine)
     model = ConstantGradient(momentum=0.5)
     quiet_trainer(strategy=strategy, max_epochs=3, limit_val_batches=0).fit(model, datamodule=data)
     assert float(model.w.detach()) == pytest.approx(expected, abs=1e-6)
 
 
-def test_persisted_state_is_the_clients_own_with_two_local_steps():
+@pytest.mark.parametrize("engine", ["sequential", "vmap"])
+def test_persisted_state_is_the_clients_own_with_two_local_steps(engine):
     # Two local steps per round, momentum 0.5, one client with x = 2: buffers 1, 1.5 | 1.75, 1.875 (x g), so
     # persist moves w by 2 (1 + 1.5 + 1.75 + 1.875) = 12.25 over two rounds; reset by 2 (1 + 1.5) * 2 = 10.
     x = torch.full((2, 1), 2.0)
     data = FederatedDataModule(TensorDataset(x), [[0, 1]], batch_size=2)
     results = {}
     for mode in ("persist", "reset"):
-        strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=2, optimizer_state=mode)
+        strategy = FedHetStrategy(algorithm=FedAvg(), local_steps=2, optimizer_state=mode, engine=engine)
         model = ConstantGradient(momentum=0.5)
         quiet_trainer(strategy=strategy, max_epochs=2, limit_val_batches=0).fit(model, datamodule=data)
         results[mode] = float(model.w.detach())

@@ -257,8 +257,10 @@ def test_floating_and_integer_buffers_are_averaged_over_processes(ddp):
     assert reference.server.global_ints.tolist() == r0["ints"].tolist() and int(r0["ints"][0]) > 0
 
 
-def test_persistent_optimizer_states_live_with_their_clients(ddp):
-    r0, r1 = ddp("persist")
+@pytest.mark.parametrize("job", ["persist", "persist-vmap"])
+def test_persistent_optimizer_states_live_with_their_clients(ddp, job):
+    # the vmap engine inside each process keeps its clients' SGD momentum as the sequential engine does
+    r0, r1 = ddp(job)
     _same_on_both_ranks(r0, r1)
     assert r0["placement"] == "by_client"
     _assert_same_run(_one_process(TinyClassifier(momentum=0.5), optimizer_state="persist"), _as_run(r0))

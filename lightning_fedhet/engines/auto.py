@@ -36,7 +36,7 @@ from lightning_fedhet.engines._compiled import (
     make_grad_step,
     make_loss,
 )
-from lightning_fedhet.engines.cohort import check_vmap_support
+from lightning_fedhet.engines.cohort import check_persistable, check_vmap_support
 from lightning_fedhet.engines.layout import StateLayout
 
 #: a CPU run compiles the cohort step only from this many rounds on (compiling a small model costs seconds)
@@ -113,8 +113,6 @@ def choose_engine(
     def sequential(reason: str) -> EngineChoice:
         return EngineChoice("sequential", False, reason)
 
-    if optimizer_state == "persist":
-        return sequential("optimizer_state='persist' keeps one optimizer state per client, which vmap cannot")
     if not getattr(module, "automatic_optimization", True):  # the user's module, not one of ours
         return sequential("the module uses manual optimisation")
     if len(optimizers) != 1:
@@ -123,6 +121,11 @@ def choose_engine(
         check_vmap_support(module, optimizers[0])
     except VmapUnsupported as err:
         return sequential(_cause(err))
+    if optimizer_state == "persist":
+        try:
+            check_persistable(optimizers[0], sends_client_config)
+        except VmapUnsupported as err:
+            return sequential(_cause(err))
     decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
     if sends_client_config and any(decay):
         return sequential("the rule trains a different part of the model on each client and weight decay would move "

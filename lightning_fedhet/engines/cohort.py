@@ -90,6 +90,46 @@ def check_vmap_support(
         )
 
 
+def check_persistable(optimizer: torch.optim.Optimizer, sends_client_config: bool = False) -> None:
+    """Raise :class:`VmapUnsupported` where a cohort cannot carry each client's own optimizer state between its
+    rounds (``optimizer_state="persist"``) exactly as the sequential engine does. A cohort carries SGD's momentum
+    buffers: a client without a kept buffer starts from zeros, and with ``dampening=0`` the first step
+    ``0 * momentum + g`` is exactly torch's ``buf = g``."""
+    if type(optimizer) is not torch.optim.SGD:
+        raise VmapUnsupported(
+            f"optimizer_state='persist' with {type(optimizer).__name__}: its state holds a step count per client, "
+            "which a cohort's stacked optimizer shares; a cohort carries SGD's momentum buffers only"
+        )
+    for group in optimizer.param_groups:
+        if group["momentum"] != 0 and group["dampening"] != 0:
+            # torch's first step takes the whole gradient (buf = g), a kept buffer's (1 - dampening) of it, and one
+            # step of the stacked optimizer treats every row alike
+            raise VmapUnsupported(
+                f"optimizer_state='persist' with SGD dampening={group['dampening']}: a client's first step with "
+                "and without a kept momentum buffer differ, and a cohort steps every client alike; use dampening=0"
+            )
+    if sends_client_config:
+        # SGD skips a parameter whose gradient is None (the part a client does not train); the stacked step gives it
+        # a zero gradient and would move it by its kept momentum
+        raise VmapUnsupported(
+            "optimizer_state='persist' with a rule that trains a different part of the model on each client: a "
+            "kept momentum buffer would move the parts a client does not train"
+        )
+
+
+def momentum_positions(optimizer: torch.optim.Optimizer, names_by_id: dict[int, str]) -> list[tuple[int, str]]:
+    """``(position, name)`` of every trainable parameter that SGD ``optimizer`` keeps a momentum buffer for; the
+    position counts the optimizer's parameters over its groups in order, as ``export_optimizer_state`` keys them."""
+    out = []
+    position = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if group.get("momentum", 0) != 0 and p.requires_grad:
+                out.append((position, names_by_id[id(p)]))
+            position += 1
+    return out
+
+
 
 class VmapCohort:
     """One round's cohort, trained in lock-step.
@@ -136,6 +176,7 @@ class VmapCohort:
         int_starts: Tensor | None = None,
         compile: bool | str = False,
         layout: StateLayout | None = None,
+        optimizer_states: Sequence[list[dict] | None] | None = None,
     ) -> None:
         layout = self.layout = layout if layout is not None else StateLayout(module)
         check_vmap_support(module, optimizer, layout)
@@ -167,6 +208,18 @@ class VmapCohort:
         by_id = {id(p): name for name, p in named}
         self._source_optimizer, self._by_id = optimizer, by_id
         self.optimizer: torch.optim.Optimizer | None = None
+        #: whether the clients' optimizer states come in and go back (``optimizer_state="persist"``)
+        self.persist = optimizer_states is not None
+        self._momentum = momentum_positions(optimizer, by_id) if self.persist else []
+        kept: dict[str, Tensor] = {}
+        if self.persist:
+            check_persistable(optimizer)
+            if len(optimizer_states) != size:
+                raise ValueError(
+                    f"optimizer_states must hold one entry per client ({size}), got {len(optimizer_states)}"
+                )
+            kept = {name: self._kept_buffers(optimizer_states, position, self.params[name])
+                    for position, name in self._momentum}
         max_steps = int(self.local_steps.max()) if size else 0
         # [K, rows]: which clients take local step k (a finished client's rows, and padding rows, must not move)
         steps = torch.cat([self.local_steps, self.local_steps.new_zeros(self._rows - size)])
@@ -185,6 +238,7 @@ class VmapCohort:
                 name: tuple(torch.zeros_like(p) for _ in range(rules[name].num_state)) if name in rules else ()
                 for name, p in self.params.items()
             }
+            self._state.update({name: (buffer,) for name, buffer in kept.items()})
             self.params = {name: pad_rows(p.detach(), self._rows) for name, p in self.params.items()}
             self._state = {name: tuple(pad_rows(t, self._rows) for t in ts) for name, ts in self._state.items()}
             if self._fused.failed is not None:
@@ -195,6 +249,8 @@ class VmapCohort:
         self.compiled_entry = self._fused if self._fused is not None else self._grad_entry
         if self._fused is None:
             self.optimizer = self._stacked_optimizer()
+            for name, buffer in kept.items():
+                self.optimizer.state[self.params[name]] = {"momentum_buffer": buffer}
         self._collector = LogCollector()
         self._eager_grad_fn: Callable | None = None  # built on first use: a compiled cohort may never need it
 
@@ -209,6 +265,33 @@ class VmapCohort:
         """Whether the next step runs compiled."""
         entry = self.compiled_entry
         return entry is not None and entry.failed is None
+
+    @staticmethod
+    def _kept_buffers(states: Sequence[list[dict] | None], position: int, param: Tensor) -> Tensor:
+        """One parameter's momentum buffers stacked over the clients ``[C, *shape]``, zeros for a client without one."""
+        rows = []
+        for state in states:
+            own = state[0].get(position) if state else None
+            buffer = own.get("momentum_buffer") if own else None
+            rows.append(torch.zeros_like(param[0]) if buffer is None else buffer.to(param[0]))
+        return torch.stack(rows).detach() if rows else torch.zeros_like(param).detach()
+
+    def client_optimizer_states(self) -> list[list[dict]]:
+        """Each client's optimizer state after the round, in the server's format (see ``optimizer_states``): one
+        ``[{position: {"momentum_buffer": tensor}}]`` per client (an empty dict where SGD has no momentum)."""
+        if not self.persist:
+            raise RuntimeError("the cohort was built without optimizer_states (optimizer_state='reset')")
+        buffers = {name: self._momentum_buffer(name) for _, name in self._momentum}
+        return [
+            [{position: {"momentum_buffer": buffers[name][row].clone()} for position, name in self._momentum}]
+            for row in range(len(self.clients))
+        ]
+
+    def _momentum_buffer(self, name: str) -> Tensor:
+        """The stacked momentum buffer of parameter ``name`` now (the fused step's state or ``torch.optim``'s)."""
+        if self._fused is not None:
+            return self._state[name][0].detach()
+        return self.optimizer.state[self.params[name]]["momentum_buffer"]
 
     def _stacked_optimizer(self) -> torch.optim.Optimizer:
         groups = []
@@ -336,7 +419,7 @@ class VmapCohort:
             name: p.detach()[:size].clone().requires_grad_(self.trainable[name]) for name, p in self.params.items()
         }
         self.optimizer = self._stacked_optimizer()
-        if self._steps_taken:
+        if self._steps_taken or self.persist:  # a kept momentum buffer is state before the first step too
             for name, p in self.params.items():
                 state = self._state[name]
                 if not state:
@@ -365,16 +448,22 @@ class VmapCohort:
         loss_sum = self._loss_sum[: len(self.clients)]
         return torch.where(taken > 0, loss_sum / taken.clamp(min=1), torch.nan)
 
-    def _snapshot(self, rows: Tensor) -> dict[str, Tensor]:
-        """The finished clients' parameters, put back after the stacked optimizer step moved every row. Their
-        optimizer state moves too and is left so: a client never takes a step after its last one, and a cohort lives
-        one round (the vmap engine keeps no optimizer state across rounds), so nothing reads it again."""
-        return {name: p.detach()[rows].clone() for name, p in self.params.items()}
+    def _snapshot(self, rows: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The finished clients' parameters, put back after the stacked optimizer step moved every row, and with
+        ``optimizer_state="persist"`` their momentum buffers, which go back to the server. Without it their optimizer
+        state is left as the step moved it: a client never takes a step after its last one, and a fresh state is
+        made for each round, so nothing reads it again."""
+        params = {name: p.detach()[rows].clone() for name, p in self.params.items()}
+        buffers = {name: self._momentum_buffer(name)[rows].clone() for _, name in self._momentum}
+        return params, buffers
 
-    def _restore(self, rows: Tensor, saved: dict[str, Tensor]) -> None:
+    def _restore(self, rows: Tensor, saved: tuple[dict[str, Tensor], dict[str, Tensor]]) -> None:
+        params, buffers = saved
         with torch.no_grad():
-            for name, value in saved.items():
+            for name, value in params.items():
                 self.params[name][rows] = value
+            for name, value in buffers.items():
+                self._momentum_buffer(name)[rows] = value
 
     def flat_params(self) -> Tensor:
         """Each client's parameters flattened in ``named_parameters`` order: ``[C, num_parameters]``."""

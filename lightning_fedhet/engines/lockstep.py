@@ -130,13 +130,18 @@ def build_groups(
     started from its own federation's global state through :meth:`Server.start_client`."""
     groups: dict[tuple, list[tuple[int, int]]] = {}
     configs: dict[tuple, dict] = {}
+    kept: dict[tuple[int, int], list[dict] | None] = {}  # each client's optimizer state (optimizer_state="persist")
+    persist = any(server.optimizer_state == "persist" for server, _ in members)
     for owner, (server, plan) in enumerate(members):
         sizes, batch = server.streams.sizes, server.streams.batch_size
         for client in plan.trained_ids:
-            config = server.start_client(client).config
+            start = server.start_client(client)
+            config = start.config
             key = (min(batch, int(sizes[client])), tuple(sorted(config.items())))
             groups.setdefault(key, []).append((owner, client))
             configs[key] = config
+            if persist:
+                kept[owner, client] = start.optimizer_state
     out = []
     for key in sorted(groups):
         rows = groups[key]
@@ -146,7 +151,8 @@ def build_groups(
         starts, int_starts = _start_rows(members, owners)
         apply_config(configs[key])
         cohort = VmapCohort(
-            module, optimizer, clients, steps, starts=starts, int_starts=int_starts, compile=compile, layout=layout
+            module, optimizer, clients, steps, starts=starts, int_starts=int_starts, compile=compile, layout=layout,
+            optimizer_states=[kept[row] for row in rows] if persist else None,
         )
         out.append(CohortGroup(cohort, configs[key], owners))
     return out
@@ -235,12 +241,14 @@ def cat_batches(batches: Sequence) -> object:
 
 
 def submit_groups(members: Members, groups: Sequence[CohortGroup]) -> None:
-    """Hand every trained row's update (parameters, floating buffers, integer buffers) to its federation's server:
-    one :meth:`Server.submit_cohort` per group and federation (one finiteness check and one host sync each)."""
+    """Hand every trained row's update (parameters, floating buffers, integer buffers; with
+    ``optimizer_state="persist"`` its optimizer state) to its federation's server: one :meth:`Server.submit_cohort`
+    per group and federation (one finiteness check and one host sync each)."""
     for group in groups:
         cohort = group.cohort
         states, ints = cohort.flat_state(), cohort.int_state()
         losses = cohort.mean_losses().tolist()
+        kept = cohort.client_optimizer_states() if cohort.persist else None
         for owner in np.unique(group.owners):
             server = members[owner][0]
             rows = np.flatnonzero(group.owners == owner)
@@ -249,7 +257,8 @@ def submit_groups(members: Members, groups: Sequence[CohortGroup]) -> None:
             deltas = states[take].to(vector) - vector
             int_deltas = ints[take].to(server.global_ints) - server.global_ints if ints.shape[1] else None
             server.submit_cohort(
-                [cohort.clients[r] for r in rows], deltas, [losses[r] for r in rows], int_deltas=int_deltas
+                [cohort.clients[r] for r in rows], deltas, [losses[r] for r in rows], int_deltas=int_deltas,
+                optimizer_states=None if kept is None else [kept[r] for r in rows],
             )
 
 

@@ -14,11 +14,16 @@ clients' stacked state and masks the clients whose local steps are used up is :m
 how a round is split into cohorts and stepped in lock-step is :mod:`lightning_fedhet.engines.lockstep`'s (which
 :mod:`lightning_fedhet.multiseed` shares to run many seeds as one batched computation).
 
+``optimizer_state="persist"`` keeps each client's SGD momentum buffers between its rounds (the server holds them as
+the sequential engine's do; each cohort starts its rows from them and gives them back).
+
 Limits (each raises :class:`VmapUnsupported` naming the cause and the ``engine="sequential"`` fallback):
 BatchNorm with ``momentum=None`` (a cumulative average), optimizers whose state is not elementwise (LBFGS, ...),
-per-client persistent optimizer state, data-dependent Python control flow in ``training_step`` (caught when
-``torch.func`` refuses it), manual optimization, learning-rate schedulers with ``interval="step"`` (they would
-advance once per round here; ``"epoch"`` schedulers advance once per round under both engines and give the same
+``optimizer_state="persist"`` with an optimizer other than SGD (Adam's step count is per client), with SGD
+``dampening`` other than 0, or with a rule that trains a different part of the model on each client,
+data-dependent Python control flow in ``training_step`` (caught when ``torch.func`` refuses it), manual
+optimization, learning-rate schedulers with ``interval="step"`` (they would advance once per round here;
+``"epoch"`` schedulers advance once per round under both engines and give the same
 run). ``self.log`` inside ``training_step`` works: each logged value is computed per client and step, and the
 engine logs, once per round, their reduction as ``reduce_fx`` asks (``"mean"``, ``"sum"``, ``"max"``, ``"min"``;
 another reduction raises naming the call), shown where ``prog_bar`` / ``logger`` ask: the epoch value the sequential
@@ -39,7 +44,12 @@ from lightning_fedhet.data.streams import stack_batches  # noqa: F401
 from lightning_fedhet.engines._compile_policy import compile_mode
 from lightning_fedhet.engines._compiled import VmapUnsupported
 from lightning_fedhet.engines.base import Engine, log_reduction, reduce_logged
-from lightning_fedhet.engines.cohort import ELEMENTWISE_OPTIMIZERS, VmapCohort, check_vmap_support  # noqa: F401
+from lightning_fedhet.engines.cohort import (  # noqa: F401
+    ELEMENTWISE_OPTIMIZERS,
+    VmapCohort,
+    check_persistable,
+    check_vmap_support,
+)
 from lightning_fedhet.engines.layout import StateLayout, padded_size  # noqa: F401
 from lightning_fedhet.engines.lockstep import (  # noqa: F401
     CohortGroup,
@@ -65,7 +75,7 @@ class VmapEngine(Engine):
     """
 
     name = "vmap"
-    keeps_client_optimizer_state = False
+    keeps_client_optimizer_state = True  # SGD's momentum buffers (check_persistable refuses the rest at setup)
     supports_compile = True
     one_step_per_round = True
 
@@ -136,11 +146,11 @@ class VmapEngine(Engine):
 
 def check_vmap_setup(module: nn.Module, optimizers: Sequence[torch.optim.Optimizer], server: Server) -> None:
     """Refuse, before any work, a fit the vmap engine cannot simulate (each error names the cause)."""
-    if server.optimizer_state == "persist":
-        raise VmapUnsupported("optimizer_state='persist' keeps one optimizer state per client")
     if len(optimizers) != 1:
         raise VmapUnsupported(f"the module has {len(optimizers)} optimizers; the engine steps exactly one")
     check_vmap_support(module, optimizers[0])
+    if server.optimizer_state == "persist":
+        check_persistable(optimizers[0], server.algorithm.sends_client_config)
     decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
     if server.algorithm.sends_client_config and any(decay):
         raise VmapUnsupported(

@@ -106,13 +106,26 @@ class _Conv(TinyClassifier):
         return self.linear(self.conv(x.unsqueeze(1)).squeeze(1))
 
 
+class _AdamModel(TinyClassifier):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def test_auto_keeps_sgd_momentum_per_client_on_vmap():
+    # optimizer_state="persist" with SGD momentum: auto picks vmap, and the run is the sequential engine's
+    reference = _fit(TinyClassifier(momentum=0.5), engine="sequential", optimizer_state="persist")
+    auto = _fit(TinyClassifier(momentum=0.5), engine="auto", optimizer_state="persist")
+    assert auto.engine_choice.name == "vmap"
+    torch.testing.assert_close(auto.global_params, reference.global_params, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("make_model", "kwargs", "cause"),
     [
-        (lambda: TinyClassifier(), dict(optimizer_state="persist"), "optimizer_state='persist'"),
+        (_AdamModel, dict(optimizer_state="persist"), "optimizer_state='persist' with Adam"),
         (_Conv, {}, "convolutions and trains on a CPU"),
     ],
-    ids=["persist", "cnn-on-cpu"],
+    ids=["persist-adam", "cnn-on-cpu"],
 )
 def test_auto_picks_sequential_naming_the_cause(make_model, kwargs, cause):
     auto = _fit(make_model(), engine="auto", **kwargs)

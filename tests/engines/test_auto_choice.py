@@ -50,8 +50,15 @@ def test_each_refusal_picks_sequential_with_its_own_reason():
     two = [torch.optim.SGD(module.parameters(), lr=0.1), torch.optim.SGD(module.parameters(), lr=0.2)]
     decayed = [torch.optim.SGD(module.parameters(), lr=0.1, weight_decay=1e-4)]
     lbfgs = [torch.optim.LBFGS(module.parameters())]
-    assert _choose(optimizer_state="persist") == _sequential(
-        "optimizer_state='persist' keeps one optimizer state per client, which vmap cannot")
+    adam = [torch.optim.Adam(module.parameters())]
+    damped = [torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, dampening=0.1)]
+    assert _choose(module, adam, optimizer_state="persist") == _sequential(
+        "optimizer_state='persist' with Adam: its state holds a step count per client, which a cohort's stacked "
+        "optimizer shares; a cohort carries SGD's momentum buffers only")
+    assert _choose(module, damped, optimizer_state="persist") == _sequential(
+        "optimizer_state='persist' with SGD dampening=0.1: a client's first step with and without a kept momentum "
+        "buffer differ, and a cohort steps every client alike; use dampening=0")
+    assert _choose(module, damped).name == "vmap"  # dampening matters only with persist
     assert _choose(_Manual()) == _sequential("the module uses manual optimisation")
     assert _choose(module, two) == _sequential("the module has 2 optimizers (vmap steps exactly one)")
     assert _choose(module, []) == _sequential("the module has 0 optimizers (vmap steps exactly one)")

@@ -163,6 +163,62 @@ def test_engine_matches_sequential_or_refuses(variant: str, case: str):
     _assert_same_run(reference, out)
 
 
+PERSIST_ROUNDS = 6
+#: rules whose client solver must restart each round (their normalisation is a fresh solver's): they refuse persist
+_RESTARTING = {"FedACS", "FedNova"}
+_persist_reference_cache: dict[str, FedHetStrategy] = {}
+
+
+def _persisted_reference(case: str) -> FedHetStrategy:
+    if case not in _persist_reference_cache:
+        _persist_reference_cache[case] = _run_tiny(
+            dict(engine="sequential", optimizer_state="persist"), case, rounds=PERSIST_ROUNDS)
+    return _persist_reference_cache[case]
+
+
+def _assert_same_kept_states(ref: FedHetStrategy, out: FedHetStrategy) -> None:
+    kept, reference = out.server._client_optimizer_states, ref.server._client_optimizer_states
+    assert kept.keys() == reference.keys() and len(reference) >= 4, "most clients trained and kept a state"
+    for client, state in reference.items():
+        assert state[0].keys() == kept[client][0].keys() == {0, 1}  # the weight's and the bias's buffer
+        for position, entry in state[0].items():
+            torch.testing.assert_close(kept[client][0][position]["momentum_buffer"], entry["momentum_buffer"],
+                                       rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c] != "early-exit" and c not in _RESTARTING))
+def test_vmap_keeps_each_clients_momentum_as_the_sequential_engine(case: str):
+    # optimizer_state="persist", SGD momentum 0.5, 6 rounds: clients come and go (Bernoulli / Markov / a lossy
+    # uplink), so a buffer kept in one round is read rounds later, and unequal local steps (1-3) leave finished rows
+    # in a cohort, whose buffers must not move. Slips caught: buffers not read back (= reset), rows mixed up, a
+    # finished row's buffer stepped on, the server's copy not written.
+    reference = _persisted_reference(case)
+    out = _run_tiny(dict(engine="vmap", optimizer_state="persist"), case, rounds=PERSIST_ROUNDS)
+    _assert_same_run(reference, out, rounds=PERSIST_ROUNDS)
+    _assert_same_kept_states(reference, out)
+
+
+@pytest.mark.parametrize("case", ["FedAvg-known_p", "FedVARP"])
+def test_compiled_vmap_keeps_each_clients_momentum_as_the_sequential_engine(case: str):
+    reference = _persisted_reference(case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a silent fall-back to the eager cohort would be vacuous
+        out = _run_tiny(dict(engine="vmap", compile=True, optimizer_state="persist"), case, rounds=PERSIST_ROUNDS)
+    _assert_same_run(reference, out, rounds=PERSIST_ROUNDS)
+    _assert_same_kept_states(reference, out)
+
+
+def test_persisted_momentum_differs_from_reset():
+    # the persist cases above are not vacuous: keeping the buffers changes this run
+    reset = _run_tiny(dict(engine="sequential"), "FedAvg-known_p", rounds=PERSIST_ROUNDS)
+    assert (reset.global_params - _persisted_reference("FedAvg-known_p").global_params).abs().max() > 1e-4
+
+
+def test_vmap_refuses_persist_for_per_client_configs():
+    with pytest.raises(VmapUnsupported, match="persist.*different part of the model.*engine='sequential'"):
+        _run_fedcis(dict(engine="vmap", optimizer_state="persist"))
+
+
 BATCHNORM_ROUNDS = 5
 
 

@@ -70,7 +70,12 @@ def test_decide_reads_the_rules_per_client_config_and_the_fits_validation_interv
     assert decide(decayed, _server(sends_client_config=False), None) == EngineChoice("vmap", False, VMAP_CPU)
     assert decide(_fit(val_interval=2), _server(), None) == EngineChoice(
         "sequential", False, "val_check_interval=2 is counted inside each round, which vmap runs as one step")
-    assert decide(_fit(), _server(optimizer_state="persist"), None).name == "sequential"
+    # persist: SGD's momentum buffers ride in the cohort; a rule with per-client configs does not (a kept buffer would
+    # move the parts a client does not train)
+    assert decide(_fit(), _server(optimizer_state="persist"), None) == EngineChoice("vmap", False, VMAP_CPU)
+    assert decide(_fit(), _server(sends_client_config=True, optimizer_state="persist"), None) == EngineChoice(
+        "sequential", False, "optimizer_state='persist' with a rule that trains a different part of the model on each "
+                             "client: a kept momentum buffer would move the parts a client does not train")
 
 
 @pytest.mark.without_compiler  # names compile, compiles nothing: mutation testing runs it

@@ -193,12 +193,39 @@ def test_refusals_name_the_cause():
     with pytest.raises(VmapUnsupported, match=r"interval='step'.*one at a time"):
         fit_seeds(build_scheduled, [0, 1], 1)
 
+    class Adam(_RandomInit):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
     def build_persist(seed):
         dm = FederatedDataModule(_DATA, [np.arange(96)], batch_size=4)
-        return _RandomInit(), dm, FedHetStrategy(seed=seed, optimizer_state="persist")
+        return Adam(), dm, FedHetStrategy(seed=seed, optimizer_state="persist")
 
-    with pytest.raises(VmapUnsupported, match="persist.*engine='sequential'"):
+    with pytest.raises(VmapUnsupported, match="persist' with Adam.*engine='sequential'"):
         fit_seeds(build_persist, [0, 1], 1)
+
+
+def test_stacked_seeds_keep_each_clients_momentum_as_their_single_runs():
+    # optimizer_state="persist": each seed's server keeps its own clients' SGD momentum buffers (momentum 0.5);
+    # rows of two seeds share a cohort, so a buffer read from or written to the other seed's server would show
+    factory, spec = CASES["FedVARP"]
+
+    def build(seed: int):
+        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        return _RandomInit(), dm, FedHetStrategy(algorithm=factory(), seed=seed, optimizer_state="persist",
+                                                 **_settings(spec))
+
+    seeds = [3, 11]
+    runs = fit_seeds(build, seeds, 6)
+    for seed, run in zip(seeds, runs):
+        single = _single(build, seed, rounds=6)
+        _assert_equal_runs(single, run)
+        kept = run.server._client_optimizer_states
+        assert kept.keys() == single.server._client_optimizer_states.keys() and kept
+        for client, state in single.server._client_optimizer_states.items():
+            for position, entry in state[0].items():
+                torch.testing.assert_close(kept[client][0][position]["momentum_buffer"], entry["momentum_buffer"],
+                                           rtol=1e-5, atol=1e-6)
 
 
 def test_an_epoch_scheduler_steps_once_per_round_for_every_seed():

@@ -145,9 +145,18 @@ def test_self_log_under_vmap_is_the_mean_of_per_client_values():
     assert float(trainer.callback_metrics["client_loss"]) == pytest.approx(np.mean(per_client), abs=1e-6)
 
 
-def test_persist_optimizer_state_is_sequential_only():
-    with pytest.raises(ValueError, match="persist"):
-        FedHetStrategy(engine="vmap", optimizer_state="persist")
+class _Adam(TinyClassifier):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def test_persist_with_adam_is_refused_at_setup_naming_the_cause_and_the_fallback():
+    # Adam's state holds a step count per client; a cohort shares one. SGD's momentum persists (test_contract.py).
+    data = FederatedDataModule(toy_dataset(32), [np.arange(16), np.arange(16, 32)], batch_size=4)
+    strategy = FedHetStrategy(engine="vmap", optimizer_state="persist")
+    with pytest.raises(VmapUnsupported, match=r"persist' with Adam: its state holds a step count per client.*"
+                                              r"engine='sequential'"):
+        quiet_trainer(strategy=strategy, max_epochs=1, limit_val_batches=0).fit(_Adam(), datamodule=data)
 
 
 class _Scheduled(TinyClassifier):

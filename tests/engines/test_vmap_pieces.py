@@ -235,7 +235,15 @@ def test_vmap_setup_refusals_name_their_cause_whole():
         assert text.startswith(head) and text.endswith(tail)
         return text.removeprefix(head).removesuffix(tail)
 
-    assert refusal(sgd, "persist") == "optimizer_state='persist' keeps one optimizer state per client"
+    adam = [torch.optim.Adam(module.parameters())]
+    assert refusal(adam, "persist") == ("optimizer_state='persist' with Adam: its state holds a step count per "
+                                        "client, which a cohort's stacked optimizer shares; a cohort carries SGD's "
+                                        "momentum buffers only")
+    assert refusal(sgd, "persist", algorithm=Rule()) == (
+        "optimizer_state='persist' with a rule that trains a different part of the model on each client: a kept "
+        "momentum buffer would move the parts a client does not train")
+    check_vmap_setup(module, sgd, SimpleNamespace(optimizer_state="persist", algorithm=SimpleNamespace(
+        sends_client_config=False)))  # SGD's momentum buffers persist
     assert refusal([]) == "the module has 0 optimizers; the engine steps exactly one"
     assert refusal(decayed, algorithm=Rule()) == (
         "Rule trains a different part of the model on each client and the optimizer has weight_decay=[0.01], which "
