@@ -37,9 +37,10 @@ losses included), participation process, channel, latency model and deadline. Le
 
 Refused before any work, naming the cause (run the seeds one at a time with ``Trainer.fit`` instead): what the vmap
 engine refuses (``optimizer_state="persist"`` with an optimizer other than SGD, non-elementwise optimizers, several
-optimizers, manual optimisation, BatchNorm with ``momentum=None``), ``interval="step"`` and metric-monitoring schedulers, seeds whose modules or
-optimizer settings differ, ``FedHetDDPStrategy``. Not available here: Lightning callbacks, loggers, checkpoints
-and precision plugins of a training ``Trainer`` (there is none); ``self.trainer`` inside ``training_step``.
+optimizers, manual optimisation, BatchNorm with ``momentum=None``), ``interval="step"`` and metric-monitoring
+schedulers, seeds whose modules or optimizer settings differ, ``FedHetDDPStrategy``. Not available here: Lightning
+callbacks, loggers, checkpoints and precision plugins of a training ``Trainer`` (there is none); ``self.trainer``
+inside ``training_step``.
 Dropout draws differ from the single-seed runs (as between the vmap and sequential engines).
 """
 

@@ -26,9 +26,14 @@ from lightning_fedhet.algorithms.base import Algorithm
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.spec import FederationSpec, spec_from_arguments
 from lightning_fedhet.strategy_base import FederatedStrategyMixin
+from lightning_fedhet.trainer_device import (  # noqa: F401  (check_device_matches_accelerator, resolve_device: re-exported)
+    TrainerDeviceMixin,
+    check_device_matches_accelerator,
+    resolve_device,
+)
 
 
-class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
+class FedHetStrategy(FederatedStrategyMixin, TrainerDeviceMixin, SingleDeviceStrategy):
     """Simulate federated training of the user's LightningModule.
 
     Args:
@@ -117,9 +122,7 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        #: the explicit ``device``, or None: the Trainer's (see :attr:`root_device`)
-        self._explicit_device: torch.device | None = None if device is None else torch.device(device)
-        self._trainer_devices: list[torch.device] | None = None
+        self._keep_device(device)  # None: the Trainer's (see TrainerDeviceMixin.root_device)
         settings = dict(
             algorithm=algorithm,
             participation=participation,
@@ -140,77 +143,12 @@ class FedHetStrategy(FederatedStrategyMixin, SingleDeviceStrategy):
         )
         self._init_federation(spec_from_arguments(spec, FedHetStrategy.__init__, settings))
 
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        """The device clients train on: the explicit ``device``, else the Trainer's (see :func:`resolve_device`)."""
-        return resolve_device(self._explicit_device, self._trainer_devices)
-
-    @property
-    def parallel_devices(self) -> None:
-        """Always ``None`` when read, so that Lightning's accelerator connector hands every Trainer this strategy
-        joins its own devices (it fills in a strategy's empty ``parallel_devices``, and would instead adopt a
-        non-empty list as the Trainer's, forcing a second Trainer onto the first one's accelerator)."""
-        return None
-
-    @parallel_devices.setter
-    def parallel_devices(self, devices: list[torch.device] | None) -> None:
-        self._trainer_devices = list(devices) if devices else None
-
-    @override
-    def setup_environment(self) -> None:
-        """Refuse an explicit device the Trainer's accelerator cannot use before any work: ``device="cpu"`` with
-        ``Trainer(accelerator="gpu")`` would otherwise fail deep inside Lightning with "Device should be GPU, got
-        cpu"."""
-        check_device_matches_accelerator(self.root_device, self.accelerator)
-        super().setup_environment()
-
     @classmethod
     @override
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="Federated simulation of heterogeneous clients (lightning-fedhet)"
         )
-
-
-def resolve_device(device: torch.device | None, trainer_devices: list[torch.device] | None) -> torch.device:
-    """The device clients train on: ``device`` when one was given, else the first of ``trainer_devices`` (the
-    Trainer's accelerator's devices, which Lightning's accelerator connector hands the strategy; Lightning's own
-    single-device strategy takes the first too), else the CPU (no Trainer attached yet)."""
-    if device is not None:
-        return _indexed(torch.device(device))
-    if trainer_devices:
-        return _indexed(torch.device(trainer_devices[0]))
-    return torch.device("cpu")
-
-
-def _indexed(device: torch.device) -> torch.device:
-    """``cuda`` without an index as ``cuda:<current device>`` (``cuda:0`` where CUDA is not initialised): Lightning's
-    ``CUDAAccelerator.setup_device`` calls ``torch.cuda.set_device``, which refuses a device without an index."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-    return device
-
-
-def check_device_matches_accelerator(device: torch.device, accelerator: pl.accelerators.Accelerator | None) -> None:
-    """Raise a ``ValueError`` naming ``device`` and the two fixes when ``accelerator`` (the Trainer's) cannot run
-    on ``device``: a CPU device with a GPU accelerator, or a GPU device with the CPU accelerator."""
-    if accelerator is None:
-        return
-    on_cpu = isinstance(accelerator, pl.accelerators.CPUAccelerator)
-    if on_cpu == (device.type == "cpu"):
-        return
-    kind = type(accelerator).__name__
-    if device.type == "cpu":
-        raise ValueError(
-            f"FedHetStrategy(device='cpu') but the Trainer chose {kind}: pass Trainer(accelerator='cpu') to simulate "
-            "on the CPU, or leave device unset (the Trainer's device) or pass FedHetStrategy(device='cuda:0') (the "
-            "accelerator's device) to train the clients there"
-        )
-    raise ValueError(
-        f"FedHetStrategy(device='{device}') but the Trainer chose {kind}: pass the matching "
-        f"Trainer(accelerator=...) or FedHetStrategy(device='cpu')"
-    )
 
 
 if "fedhet" not in StrategyRegistry:

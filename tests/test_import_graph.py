@@ -27,8 +27,8 @@ LAYERS: list[set[str]] = [
     # the argument checks (every other part validates its input with them)
     {"_checks"},
     # leaves: the seed, the flat view of a module, the CIS topology, plain torch.nn models; the source checkout's
-    # finder for the mapped folders
-    {"_third_party", "seeding", "flat", "cis", "model_zoo", "_source_checkout"},
+    # finder for the mapped folders; the device a strategy follows (the Trainer's unless given)
+    {"_third_party", "seeding", "flat", "cis", "model_zoo", "_source_checkout", "trainer_device"},
     # who is available, what the links and the clock do, the clients' data
     {"participation", "system", "data"},
     # the server rules; the logged configuration's pieces; the ready-made LightningModules (on model_zoo);

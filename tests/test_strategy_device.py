@@ -134,3 +134,19 @@ def test_cuda_without_an_index_resolves_to_an_indexed_device():
     assert resolve_device(None, [torch.device("cuda")]) == torch.device("cuda", expected)
     assert resolve_device(torch.device("cuda", 1), None) == torch.device("cuda", 1)
     assert resolve_device(torch.device("cpu"), None) == torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- FedASTStrategy: the same rule
+def test_fedast_strategy_follows_the_trainers_device_and_refuses_a_mismatch():
+    from lightning_fedhet.asynchronous import FedASTStrategy
+
+    strategy = FedASTStrategy()
+    assert strategy.root_device == torch.device("cpu")  # before a Trainer
+    with _pretend_cuda([1]):
+        pl.Trainer(strategy=strategy, accelerator=CUDAAccelerator(), devices=[1], logger=False)
+    assert strategy.root_device == torch.device("cuda", 1)
+    explicit = FedASTStrategy(device="cpu")
+    with _pretend_cuda([0]):
+        pl.Trainer(strategy=explicit, accelerator=CUDAAccelerator(), devices=1, logger=False)
+    with pytest.raises(ValueError, match=r"FedASTStrategy\(device='cpu'\) but the Trainer chose CUDAAccelerator"):
+        explicit.setup_environment()

@@ -45,11 +45,12 @@ from lightning_fedhet.data.streams import ClientStreams
 from lightning_fedhet.flat import FlatModel
 from lightning_fedhet.participation.base import Participation
 from lightning_fedhet.system.latency import ShiftedExponential
+from lightning_fedhet.trainer_device import TrainerDeviceMixin
 
 LatencySpec = float | Constant | ShiftedExponential
 
 
-class FedASTStrategy(SingleDeviceStrategy):
+class FedASTStrategy(TrainerDeviceMixin, SingleDeviceStrategy):
     """Train the tasks of a :class:`~lightning_fedhet.asynchronous.MultiTaskModule` with FedAST or Sync-ST.
 
     Args:
@@ -70,6 +71,9 @@ class FedASTStrategy(SingleDeviceStrategy):
         slot: seconds per availability slot (with ``participation``; FedAST only).
         num_clients: optional check of the client count every task's datamodule must have.
         seed: seed of every draw (clients, durations, availability, each client's data order).
+        device: where every task's clients train; ``None`` (default): the Trainer's device, as
+            :class:`~lightning_fedhet.FedHetStrategy`. An explicit device the Trainer's accelerator cannot use is
+            refused at setup.
 
     It takes no ``engine`` and no ``channel`` (a clear error names why, see the module doc).
 
@@ -102,7 +106,7 @@ class FedASTStrategy(SingleDeviceStrategy):
         slot: float = 1.0,
         num_clients: int | None = None,
         seed: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
         precision_plugin: Any = None,
@@ -110,8 +114,12 @@ class FedASTStrategy(SingleDeviceStrategy):
     ) -> None:
         _refuse_synchronous_settings(synchronous_only)
         super().__init__(
-            device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin
+            device="cpu" if device is None else device,
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
         )
+        self._keep_device(device)  # None: the Trainer's (see TrainerDeviceMixin.root_device)
         rule = FedAST() if rule is None else rule
         if not isinstance(rule, (FedAST, SyncST)):
             raise TypeError(f"rule must be FedAST(...) or SyncST(...), got {type(rule).__name__}")
