@@ -202,8 +202,28 @@ def test_best_of_five_under_the_v3_rule():
 
 
 # ------------------------------------------------------------------------------------------------------ protocol v3
+def test_v4_cells_are_v3s_on_the_vmap_engine_with_v3s_seeds():
+    assert cafed.STUDY.protocol == "v4" and cafed.CELLS is cafed.CELLS_V4
+    assert cafed.SEEDS_BY_PROTOCOL["v4"] == cafed.SEEDS_BY_PROTOCOL["v3"] == cafed.STUDY.seeds
+    v3 = {c.method: c for c in cafed.CELLS_V3}
+    assert [c.method for c in cafed.CELLS_V4] == list(v3)
+    for cell in cafed.CELLS_V4:
+        c, old = cell.config, v3[cell.method].config
+        assert (c["engine"], c["optimizer_state"], old["engine"]) == ("vmap", "persist", "sequential")
+        assert cell.setting == v3[cell.method].setting
+        assert {k: v for k, v in c.items() if k not in ("engine", "client_optimizer_state")} == {
+            k: v for k, v in old.items() if k not in ("engine", "client_optimizer_state")}
+    assert cafed.CANARY.config["engine"] == "sequential"  # the canary keeps v3's cell and its record
+
+
+def test_a_v4_run_keeps_each_clients_optimizer_state_on_the_vmap_engine():
+    cell = cafed.CELLS_V4[0]
+    tiny = Cell(cell.setting, cell.method, {**cell.config, "num_clients": 8, "rounds": 1})
+    strategy = cafed._build(tiny, seed=3)[2]
+    assert (strategy.optimizer_state_mode, strategy.spec.engine) == ("persist", "vmap")
+
+
 def test_v3_cells_are_v2s_recipe_with_client_momentum_kept_on_fresh_seeds():
-    assert cafed.STUDY.protocol == "v3" and cafed.CELLS is cafed.CELLS_V3
     assert {c.method for c in cafed.CELLS_V3} == set(cafed.METHODS)
     v2 = {c.method: c.config for c in cafed.CELLS_V2}
     for cell in cafed.CELLS_V3:
@@ -239,13 +259,14 @@ def test_lr_place_needs_values_on_both_sides(monkeypatch):
     assert cafed.lr_places("AdaFed") == ("interior", "lower edge")
 
 
-def _v3_record(method, seed, final, rise=0.0):
+def _v3_record(method, seed, final, rise=0.0, protocol="v3"):
     # 40 evaluations (rounds 5, ..., 200); `rise`: the curve sits `rise` lower over rounds 161-180 than over 181-200
     rounds = list(range(5, 201, 5))
     acc = [final - (rise if 160 < r <= 180 else 0.0) for r in rounds]
-    cfg = {**cafed.config_v3(method, *cafed.PILOT_V3[method]["pick"]), "rounds": 200, "final_window": 0.1}
-    return {"protocol": "v3", "setting": "authors-recipe-momentum", "method": method, "seed": seed, "commit": "abc",
-            "dirty": False, "engine": "sequential", "device": "cpu", "torch": "2", "wall_s": 1.0, "cpu_s": 1.0,
+    config = cafed.config_v3 if protocol == "v3" else cafed.config_v4
+    cfg = {**config(method, *cafed.PILOT_V3[method]["pick"]), "rounds": 200, "final_window": 0.1}
+    return {"protocol": protocol, "setting": "authors-recipe-momentum", "method": method, "seed": seed,
+            "commit": "abc", "dirty": False, "engine": cfg["engine"], "device": "cpu", "torch": "2", "wall_s": 1.0, "cpu_s": 1.0,
             "config": cfg, "metrics": {"round": rounds, "val_acc": acc, "trained_per_round": [40],
                                        "available_per_round": [50], "weight_share": [0.25] * 4}}
 
@@ -262,18 +283,31 @@ def four_seeds(monkeypatch):
         monkeypatch.setitem(cafed.PILOT_V3, m, {"pick": (local, server), "local": (local * 3, local, local / 3),
                                                 "server": (server * 3, server, server / 3), "source": "v3"})
     monkeypatch.setitem(cafed.SEEDS_BY_PROTOCOL, "v3", (200, 201, 202, 203))
+    monkeypatch.setitem(cafed.SEEDS_BY_PROTOCOL, "v4", (200, 201, 202, 203))
 
 
-def _v3_records(seeds=(200, 201, 202, 203), rise=None):
+def _v3_records(seeds=(200, 201, 202, 203), rise=None, protocol="v3"):
     # CA-Fed alternates 0.5 pp below / above 72 %: every difference CA-Fed - X is its mean +- 0.5 pp
     rise = rise or {}
     return [_v3_record(m, s, V3_FINALS[m] + (0.005 * (1 if s % 2 else -1) if m == "CA-Fed" else 0.0),
-                       rise.get(m, 0.0)) for m in cafed.METHODS for s in seeds]
+                       rise.get(m, 0.0), protocol) for m in cafed.METHODS for s in seeds]
 
 
-def _v3_verdicts(records, tmp_path):
+def _v3_verdicts(records, tmp_path, protocol="v3"):
     return {s.claim.split(":")[0]: s.verdict for s in cafed.write_report(records, tmp_path)
-            if s.claim.startswith("v3")}
+            if s.claim.startswith(protocol)}
+
+
+def test_v4_claims_follow_v3s_rule_on_v4s_records_only(four_seeds, tmp_path):
+    # v4 records decide v4's claims by v3's rule (the numbers of the v3 test below); v3's claims stay pending, and
+    # v3's records would not count for v4
+    verdicts = _v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v4")
+    assert verdicts == {"v4, C1": "reproduced", "v4, C2": "reproduced", "v4, C3": "reproduced"}
+    assert set(_v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v3").values()) == {"pending (0/4 seeds)"}
+    assert set(_v3_verdicts(_v3_records(protocol="v3"), tmp_path, "v4").values()) == {"pending (0/4 seeds)"}
+    page = (tmp_path / "cafed.md").read_text()
+    v4 = page.split("## Results, protocol v4")[1].split("## Results, protocol v3")[0]
+    assert "Protocol v4 is protocol v3 on the vmap engine" in v4 and "No v4 records yet" in v4
 
 
 def test_v3_claims_are_decided_on_the_holm_interval(four_seeds, tmp_path):
