@@ -266,7 +266,8 @@ def _v3_record(method, seed, final, rise=0.0, protocol="v3"):
     config = cafed.config_v3 if protocol == "v3" else cafed.config_v4
     cfg = {**config(method, *cafed.PILOT_V3[method]["pick"]), "rounds": 200, "final_window": 0.1}
     return {"protocol": protocol, "setting": "authors-recipe-momentum", "method": method, "seed": seed,
-            "commit": "abc", "dirty": False, "engine": cfg["engine"], "device": "cpu", "torch": "2", "wall_s": 1.0, "cpu_s": 1.0,
+            "commit": "abc", "dirty": False, "engine": cfg["engine"], "device": "cpu", "torch": "2", "wall_s": 1.0,
+            "cpu_s": 1.0,
             "config": cfg, "metrics": {"round": rounds, "val_acc": acc, "trained_per_round": [40],
                                        "available_per_round": [50], "weight_share": [0.25] * 4}}
 

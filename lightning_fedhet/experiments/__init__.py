@@ -33,6 +33,7 @@ from lightning_fedhet.experiments.federated import checksum, data_checksum, fede
 from lightning_fedhet.experiments.pages import (
     band,
     compute_used,
+    figure_title,
     markdown_table,
     new_figure,
     paired_differences,
@@ -143,6 +144,7 @@ __all__ = [
     "paired_differences",
     "new_figure",
     "save_figure",
+    "figure_title",
     "reproduce_section",
     "compute_used",
     "provenance_table",

@@ -36,6 +36,15 @@ def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
     return fig, axes[0]
 
 
+def figure_title(fig, title: str, fontsize: float = 9) -> None:
+    """``fig.suptitle(title)`` wrapped to the figure's width (about 14 characters an inch at 9 pt, scaled with
+    ``fontsize``), so that a long title over a narrow figure is not cut at both edges."""
+    import textwrap
+
+    width = max(20, int(14 * fig.get_figwidth() * 9 / fontsize))
+    fig.suptitle(textwrap.fill(title, width=width), fontsize=fontsize)
+
+
 def save_figure(fig, path: Path) -> None:
     """Write a PNG without time stamps or version metadata (same records -> same bytes) and close the figure."""
     import matplotlib.pyplot as plt

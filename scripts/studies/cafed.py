@@ -40,6 +40,7 @@ from lightning_fedhet.experiments import (
     compute_used,
     decide_paired,
     family_intervals,
+    figure_title,
     fmt_ci,
     fmt_mean_ci,
     grid_place,
@@ -534,7 +535,7 @@ def _plot_curves(records: list[dict], settings: list[str], path: Path, title: st
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=9)
+    figure_title(fig, title)  # wrapped: one line ran off both edges of a one-panel figure
     save_figure(fig, path)
 
 

@@ -38,6 +38,7 @@ from lightning_fedhet.experiments import (
     decide_paired,
     decide_within,
     family_intervals,
+    figure_title,
     fmt_ci,
     fmt_mean_ci,
     grid_place,
@@ -313,7 +314,7 @@ def _plot(records: list[dict], settings: list[str], path: Path, title: str) -> N
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=9)
+    figure_title(fig, title)  # wrapped: one line ran off both edges of a one-panel figure
     save_figure(fig, path)
 
 

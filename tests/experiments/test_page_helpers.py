@@ -30,3 +30,19 @@ def test_band_draws_the_mean_and_a_band_only_from_two_seeds():
     assert [line.get_label() for line in lines] == ["A (2)", "B (1)"]
     assert list(lines[0].get_ydata()) == [mean_ci([50.0, 70.0])[0], mean_ci([60.0, 80.0])[0]]
     assert len(ax.collections) == 1  # one band: a single seed has no interval
+
+
+
+def test_figure_title_wraps_to_the_figures_width(tmp_path):
+    # a 5-inch figure at 9 pt: lines of at most 14 * 5 = 70 characters; at 18 pt half as many (35)
+    from lightning_fedhet.experiments import figure_title, save_figure
+
+    title = "CA-Fed study, protocol v3: test accuracy, mean and 95 % CI over seeds (n in legend)"  # 84 characters
+    fig, _ = new_figure(width=5.0)
+    figure_title(fig, title)
+    lines = fig.get_suptitle().split("\n")
+    assert len(lines) == 2 and max(map(len, lines)) <= 70 and " ".join(lines) == title
+    figure_title(fig, title, fontsize=18)
+    assert max(map(len, fig.get_suptitle().split("\n"))) <= 35
+    save_figure(fig, tmp_path / "title.png")
+    assert (tmp_path / "title.png").stat().st_size > 0

@@ -119,9 +119,16 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                [*REPLIES_BY_HAND, "tests/flower/test_pieces.py", "tests/flower/test_checkpoint.py",
                 "tests/flower/test_flower_by_hand.py"]),
     # the vmap engine, its cohort and its lock-step scheduler (which also stacks many seeds): the slowest tests
-    "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "lockstep", "layout", "_compile_policy")],
+    "vmap": ([f"{PKG}/engines/{name}.py" for name in ("vmap", "cohort", "cohort_checks", "lockstep", "layout",
+                                                         "_compile_policy")],
              [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py", "tests/engines/test_vmap_compile.py",
-              "tests/engines/test_vmap_fallbacks.py"]),
+              "tests/engines/test_vmap_fallbacks.py", "tests/engines/test_vmap_persist.py"]),
+    # what a cohort refuses (persisted optimizer state included) and the device a strategy follows: small and quick,
+    # measured apart from the hour-long vmap chunk
+    "checks-and-device": ([f"{PKG}/engines/cohort_checks.py", f"{PKG}/trainer_device.py"],
+                          ["tests/engines/test_vmap_persist.py", "tests/engines/test_vmap_pieces.py",
+                           "tests/engines/test_auto_choice.py", "tests/engines/test_engine_choice_by_hand.py",
+                           "tests/engines/test_vmap_fallbacks.py", "tests/test_strategy_device.py"]),
     # the vmap engine's functional step, its log collector and the fused optimizer rules of compile=True: measured
     # by the tests that run them eagerly (torch.compile replaced by the identity, marked without_compiler)
     "compiled": ([f"{PKG}/engines/_compiled.py"], [*ENGINE_TESTS, *ENGINE_PIECES, "tests/engines/test_multiseed.py",
