@@ -16,8 +16,8 @@ At ``setup`` of ``fit`` it logs the federated configuration (``lightning_fedhet.
 under ``fedhet`` with every logger's ``log_hyperparams``. With ``engine="auto"`` the engine that runs is chosen later,
 on the first round's data, so the configuration is logged again at ``on_train_start`` with its keys
 (``fedhet.engine.ran``, ``fedhet.engine.compile``) added: new keys, every other value unchanged (a logger such as MLflow
-refuses a logged value that changes). TensorBoard's ``hparams.yaml`` is written once, before that: read the engine that
-ran from its event file, or from ``strategy.engine_choice``.
+refuses a logged value that changes). TensorBoard's logger writes ``hparams.yaml`` once, before that, and never again;
+the callback rewrites it then, so that it holds the engine that ran too.
 
 Cost per round: ~11 floats into ``callback_metrics`` and one ``log_metrics`` call per logger. Only validated rounds
 go through ``LightningModule.log_dict`` (about a millisecond per metric, small next to a validation pass).
@@ -29,7 +29,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.core.saving import save_hparams_to_yaml
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
@@ -111,6 +114,8 @@ class RoundMetrics(Callback):
             config = {"fedhet": federated_config(strategy, trainer.datamodule)}
             for logger in trainer.loggers:
                 logger.log_hyperparams(config)
+                if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:
+                    _rewrite_hparams_yaml(logger)
 
     # A round closes in the strategy's batch-end hook (or at the epoch's start when nobody trains). Its metrics
     # enter callback_metrics at the first of these hooks, before the round's validation and ModelCheckpoint.
@@ -180,3 +185,11 @@ class RoundMetrics(Callback):
             row = {**self._row(trainer, record), "epoch": trainer.current_epoch}
             for logger in trainer.loggers:
                 logger.log_metrics(row, step=trainer.global_step)
+
+
+def _rewrite_hparams_yaml(logger: TensorBoardLogger) -> None:
+    """Write ``logger``'s hyper-parameters to its ``hparams.yaml`` again, as its ``save()`` would, were the file not
+    there already (it writes the file only when it is missing)."""
+    path = f"{logger.log_dir}/{logger.NAME_HPARAMS_FILE}"
+    if get_filesystem(path).isfile(path):
+        save_hparams_to_yaml(path, logger.hparams)

@@ -163,6 +163,18 @@ def test_federated_config_goes_to_log_hyperparams(tmp_path):
     }
 
 
+def test_tensorboards_hparams_yaml_holds_the_engine_that_ran(tmp_path):
+    # TensorBoard's logger writes hparams.yaml once, before engine="auto" has chosen; the callback rewrites it
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(tmp_path)
+    trainer = quiet_trainer(strategy=FedHetStrategy(seed=7), max_epochs=1, logger=logger, callbacks=[RoundMetrics()])
+    trainer.fit(TinyClassifier(), datamodule=_datamodule())
+    with open(f"{logger.log_dir}/hparams.yaml") as f:
+        logged = yaml.safe_load(f)["fedhet"]
+    assert (logged["engine"], logged["engine.ran"], logged["engine.compile"]) == ("auto", "vmap", False)
+
+
 def test_every_setting_of_the_spec_is_logged(tmp_path):
     # A new FederationSpec field that federated_config leaves out fails here: each setting has its own key in the
     # loggers' hyper-parameters (set to a value other than its default, so a key logged from elsewhere cannot pass).
