@@ -23,7 +23,6 @@ class TrainerDeviceMixin:
     def _keep_device(self, device: str | torch.device | None) -> None:
         """Remember the explicit ``device`` (``None``: the Trainer's)."""
         self._explicit_device = None if device is None else torch.device(device)
-        self._trainer_devices = None
 
     @property
     @override

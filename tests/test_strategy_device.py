@@ -30,9 +30,10 @@ def test_an_explicit_cpu_device_with_a_gpu_accelerator_names_the_fixes():
     expected = r"FedHetStrategy\(device='cpu'\) but the Trainer chose CUDAAccelerator"
     with pytest.raises(ValueError, match=expected) as err:
         check_device_matches_accelerator(torch.device("cpu"), CUDAAccelerator())
-    message = str(err.value)
-    assert "Trainer(accelerator='cpu')" in message and "leave device unset" in message
-    assert "device='cuda:0'" in message
+    assert str(err.value) == (
+        "FedHetStrategy(device='cpu') but the Trainer chose CUDAAccelerator: pass Trainer(accelerator='cpu') to "
+        "simulate on the CPU, or leave device unset (the Trainer's device) or pass FedHetStrategy(device='cuda:0') "
+        "(the accelerator's device) to train the clients there")
 
 
 def test_a_gpu_device_with_the_cpu_accelerator_is_refused():
@@ -123,6 +124,14 @@ def test_each_trainer_hands_the_strategy_its_own_devices():
     with _pretend_cuda([0]):
         pl.Trainer(strategy=strategy, devices=[0], logger=False)  # the strategy keeps its CUDA accelerator
     assert strategy.root_device == torch.device("cuda", 0)
+
+
+def test_cuda_without_an_index_takes_the_current_cuda_device_when_cuda_runs():
+    # slip caught: cuda:0 whatever device torch.cuda has made current (mocked: no GPU here)
+    with mock.patch.object(torch.cuda, "is_available", return_value=True), \
+            mock.patch.object(torch.cuda, "current_device", return_value=3):
+        assert resolve_device(torch.device("cuda"), None) == torch.device("cuda", 3)
+        assert resolve_device(None, [torch.device("cuda")]) == torch.device("cuda", 3)
 
 
 def test_cuda_without_an_index_resolves_to_an_indexed_device():

@@ -146,10 +146,11 @@ class VmapCohort:
         self.optimizer: torch.optim.Optimizer | None = None
         #: whether the clients' optimizer states come in and go back (``optimizer_state="persist"``)
         self.persist = optimizer_states is not None
+        if self.persist:
+            check_persistable(optimizer)
         self._momentum = momentum_positions(optimizer, by_id) if self.persist else []
         kept: dict[str, Tensor] = {}
         if self.persist:
-            check_persistable(optimizer)
             if len(optimizer_states) != size:
                 raise ValueError(
                     f"optimizer_states must hold one entry per client ({size}), got {len(optimizer_states)}"

@@ -77,7 +77,7 @@ def momentum_positions(optimizer: torch.optim.Optimizer, names_by_id: dict[int, 
     position = 0
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if group.get("momentum", 0) != 0 and p.requires_grad:
+            if group["momentum"] != 0 and p.requires_grad:
                 out.append((position, names_by_id[id(p)]))
             position += 1
     return out

@@ -138,6 +138,9 @@ def test_persist_refusals_name_their_cause():
     damped = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
     with pytest.raises(VmapUnsupported, match=r"persist' with SGD dampening=0.5"):
         VmapCohort(Wrapped(module), damped, [0], np.array([1]), optimizer_states=[None])
+    # dampening matters only where there is momentum: plain SGD with a dampening value keeps no buffer, and persists
+    VmapCohort(Wrapped(module), torch.optim.SGD(module.parameters(), lr=0.1, dampening=0.5), [0], np.array([1]),
+               optimizer_states=[None])
     with pytest.raises(ValueError, match=r"optimizer_states must hold one entry per client \(2\), got 1"):
         VmapCohort(Wrapped(module), SGD(module), [0, 1], np.array([1, 1]), optimizer_states=[None])
     with pytest.raises(RuntimeError, match="built without optimizer_states"):
