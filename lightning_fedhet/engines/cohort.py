@@ -206,12 +206,12 @@ class VmapCohort:
     @staticmethod
     def _kept_buffers(states: Sequence[list[dict] | None], position: int, param: Tensor) -> Tensor:
         """One parameter's momentum buffers stacked over the clients ``[C, *shape]``, zeros for a client without one."""
-        rows = []
-        for state in states:
+        stacked = torch.zeros_like(param).detach()
+        for row, state in enumerate(states):
             own = state[0].get(position) if state else None
-            buffer = own.get("momentum_buffer") if own else None
-            rows.append(torch.zeros_like(param[0]) if buffer is None else buffer.to(param[0]))
-        return torch.stack(rows).detach() if rows else torch.zeros_like(param).detach()
+            if own and own.get("momentum_buffer") is not None:
+                stacked[row] = own["momentum_buffer"]
+        return stacked
 
     def client_optimizer_states(self) -> list[list[dict]]:
         """Each client's optimizer state after the round, in the server's format (see ``optimizer_states``): one
