@@ -35,8 +35,6 @@ def test_defaults_are_settled_once():
     [
         ({"engine": "gpu"}, r"engine must be one of \('sequential', 'vmap', 'auto'\), got 'gpu'"),
         ({"optimizer_state": "keep"}, r"optimizer_state must be one of \('reset', 'persist'\), got 'keep'"),
-        ({"engine": "vmap", "optimizer_state": "persist"},
-         r"optimizer_state='persist' is not supported by engine='vmap'; use 'sequential'"),
         ({"client_weights": "sample"}, r"client_weights must be one of \('uniform', 'samples'\), got 'sample'"),
         ({"update_norm_action": "drop"}, r"update_norm_action must be one of \('reject', 'clip'\), got 'drop'"),
         ({"max_update_norm": -1.0}, r"max_update_norm must lie in \(0, inf\), got -1.0"),

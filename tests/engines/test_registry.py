@@ -51,6 +51,19 @@ def test_the_engines_own_settings_are_refused_with_the_messages_users_get():
         registry.check_val_interval(engine, interval)
 
 
+def test_an_engine_without_per_client_optimizer_state_refuses_persist(monkeypatch):
+    # every engine of today keeps it; the refusal stays for one that does not (a stand-in registered for the test)
+    class Stateless(SequentialEngine):
+        name = "stateless"
+        keeps_client_optimizer_state = False
+
+    monkeypatch.setitem(registry.ENGINES, "stateless", Stateless)
+    with pytest.raises(ValueError, match=r"^optimizer_state='persist' is not supported by engine='stateless'; "
+                                         r"use 'sequential'$"):
+        registry.check_engine_options("stateless", False, "persist")
+    registry.check_engine_options("stateless", False, "reset")
+
+
 def test_a_strategy_has_no_engine_before_its_fit_chooses_one():
     # the engine is made once, with the fit's server; nothing is built (or announced) before
     strategy = FedHetStrategy(engine="auto")
