@@ -117,12 +117,11 @@ class FedHetStrategy(FederatedStrategyMixin, TrainerDeviceMixin, SingleDeviceStr
         spec: FederationSpec | None = None,
     ) -> None:
         super().__init__(
-            device="cpu" if device is None else device,
+            device=device,
             accelerator=accelerator,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        self._keep_device(device)  # None: the Trainer's (see TrainerDeviceMixin.root_device)
         settings = dict(
             algorithm=algorithm,
             participation=participation,

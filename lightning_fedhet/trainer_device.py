@@ -8,21 +8,24 @@ fixes. :class:`~lightning_fedhet.FedHetStrategy` and :class:`~lightning_fedhet.a
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
 
 class TrainerDeviceMixin:
-    """``root_device``: the explicit ``device`` (:meth:`_keep_device`), else the first device of the Trainer the
-    strategy joined, else the CPU (no Trainer yet). Mix in before Lightning's ``SingleDeviceStrategy``."""
+    """``root_device``: the explicit ``device``, else the first device of the Trainer the strategy joined, else the
+    CPU (no Trainer yet). Mix in before Lightning's ``SingleDeviceStrategy``, whose other arguments it passes on."""
 
-    _explicit_device: torch.device | None = None
     _trainer_devices: list[torch.device] | None = None
 
-    def _keep_device(self, device: str | torch.device | None) -> None:
-        """Remember the explicit ``device`` (``None``: the Trainer's)."""
+    def __init__(self, device: str | torch.device | None = None, **kwargs: Any) -> None:
+        #: the explicit ``device``, or None: the Trainer's
         self._explicit_device = None if device is None else torch.device(device)
+        # Lightning's single-device strategy needs a device now: the CPU stands in until a Trainer hands its own
+        super().__init__(device="cpu" if device is None else device, **kwargs)
 
     @property
     @override

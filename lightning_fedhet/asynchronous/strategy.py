@@ -114,12 +114,11 @@ class FedASTStrategy(TrainerDeviceMixin, SingleDeviceStrategy):
     ) -> None:
         _refuse_synchronous_settings(synchronous_only)
         super().__init__(
-            device="cpu" if device is None else device,
+            device=device,
             accelerator=accelerator,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        self._keep_device(device)  # None: the Trainer's (see TrainerDeviceMixin.root_device)
         rule = FedAST() if rule is None else rule
         if not isinstance(rule, (FedAST, SyncST)):
             raise TypeError(f"rule must be FedAST(...) or SyncST(...), got {type(rule).__name__}")

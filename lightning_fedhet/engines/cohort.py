@@ -146,15 +146,16 @@ class VmapCohort:
         self.optimizer: torch.optim.Optimizer | None = None
         #: whether the clients' optimizer states come in and go back (``optimizer_state="persist"``)
         self.persist = optimizer_states is not None
-        if self.persist:
-            check_persistable(optimizer)
-        self._momentum = momentum_positions(optimizer, by_id) if self.persist else []
+        #: ``(position, name)`` of each parameter whose momentum buffer comes in and goes back (persist only)
+        self._momentum: list[tuple[int, str]] = []
         kept: dict[str, Tensor] = {}
         if self.persist:
+            check_persistable(optimizer)
             if len(optimizer_states) != size:
                 raise ValueError(
                     f"optimizer_states must hold one entry per client ({size}), got {len(optimizer_states)}"
                 )
+            self._momentum = momentum_positions(optimizer, by_id)
             kept = {name: self._kept_buffers(optimizer_states, position, self.params[name])
                     for position, name in self._momentum}
         max_steps = int(self.local_steps.max()) if size else 0
