@@ -24,8 +24,8 @@ class TrainerDeviceMixin:
     def __init__(self, device: str | torch.device | None = None, **kwargs: Any) -> None:
         #: the explicit ``device``, or None: the Trainer's
         self._explicit_device = None if device is None else torch.device(device)
-        # Lightning's single-device strategy needs a device now: the CPU stands in until a Trainer hands its own
-        super().__init__(device="cpu" if device is None else device, **kwargs)
+        # not passed on: Lightning's single-device strategy reads its own device only in the root_device replaced below
+        super().__init__(**kwargs)
 
     @property
     @override
