@@ -36,7 +36,7 @@ from lightning_fedhet.engines._compiled import (
     make_grad_step,
     make_loss,
 )
-from lightning_fedhet.engines.cohort import check_persistable, check_vmap_support
+from lightning_fedhet.engines.cohort_checks import check_vmap_fit
 from lightning_fedhet.engines.layout import StateLayout
 
 #: a CPU run compiles the cohort step only from this many rounds on (compiling a small model costs seconds)
@@ -87,6 +87,7 @@ def decide(fit: FitFacts, server: Any, compile: bool | str | None) -> EngineChoi
         device=fit.device,
         rounds=fit.rounds,
         compile=compile,
+        rule=type(server.algorithm).__name__,
     )
     if choice.name == "vmap":
         batch = trial_batch(server.streams, server.planner.has_data)
@@ -107,6 +108,7 @@ def choose_engine(
     device: torch.device,
     rounds: int | None,
     compile: bool | str | None,
+    rule: str = "the rule",
 ) -> EngineChoice:
     """The engine for a fit (step 1 of the module docstring); ``compile=None`` lets the choice decide."""
 
@@ -115,21 +117,11 @@ def choose_engine(
 
     if not getattr(module, "automatic_optimization", True):  # the user's module, not one of ours
         return sequential("the module uses manual optimisation")
-    if len(optimizers) != 1:
-        return sequential(f"the module has {len(optimizers)} optimizers (vmap steps exactly one)")
     try:
-        check_vmap_support(module, optimizers[0])
-    except VmapUnsupported as err:
+        check_vmap_fit(module, optimizers, optimizer_state=optimizer_state, sends_client_config=sends_client_config,
+                       rule=rule)
+    except VmapUnsupported as err:  # the engine's own setup check: auto and the engine cannot disagree
         return sequential(_cause(err))
-    if optimizer_state == "persist":
-        try:
-            check_persistable(optimizers[0], sends_client_config)
-        except VmapUnsupported as err:
-            return sequential(_cause(err))
-    decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
-    if sends_client_config and any(decay):
-        return sequential("the rule trains a different part of the model on each client and weight decay would move "
-                          "the other parts under vmap")  # fmt: skip
     if "step" in scheduler_intervals:
         return sequential("a learning-rate scheduler steps every local step (interval='step')")
     if val_interval_inside_epoch is not None and val_interval_inside_epoch > 1:

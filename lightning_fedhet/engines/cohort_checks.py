@@ -1,12 +1,16 @@
 """What a vmap cohort can simulate exactly: the checks that refuse the rest, naming the cause.
 
 :func:`check_vmap_support` reads the module and its optimizer (any run on the vmap engine); :func:`check_persistable`
-the optimizer and the rule when each client keeps its own optimizer state (``optimizer_state="persist"``).
+the optimizer and the rule when each client keeps its own optimizer state (``optimizer_state="persist"``);
+:func:`check_vmap_fit` a whole fit, both of them included (the engine's setup and ``engine="auto"`` both ask it, so
+they cannot disagree).
 Each raises :class:`~lightning_fedhet.engines._compiled.VmapUnsupported`, whose message names the
 ``engine="sequential"`` fallback.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -67,6 +71,31 @@ def check_persistable(optimizer: torch.optim.Optimizer, sends_client_config: boo
         raise VmapUnsupported(
             "optimizer_state='persist' with a rule that trains a different part of the model on each client: a "
             "kept momentum buffer would move the parts a client does not train"
+        )
+
+
+def check_vmap_fit(
+    module: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    *,
+    optimizer_state: str,
+    sends_client_config: bool,
+    rule: str = "the rule",
+) -> None:
+    """Raise :class:`VmapUnsupported` for a fit the vmap engine cannot simulate: ``optimizers`` are the module's
+    (the engine steps exactly one), ``optimizer_state`` and ``sends_client_config`` the server's, ``rule`` the rule's
+    name for the message."""
+    if len(optimizers) != 1:
+        raise VmapUnsupported(f"the module has {len(optimizers)} optimizers; the engine steps exactly one")
+    check_vmap_support(module, optimizers[0])
+    if optimizer_state == "persist":
+        check_persistable(optimizers[0], sends_client_config)
+    decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
+    if sends_client_config and any(decay):
+        # a stacked step gives a part the client does not train a zero gradient, which weight decay still moves
+        raise VmapUnsupported(
+            f"{rule} trains a different part of the model on each client and the optimizer has "
+            f"weight_decay={decay}, which would move the parts a client does not train"
         )
 
 

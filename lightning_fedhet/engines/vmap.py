@@ -50,6 +50,7 @@ from lightning_fedhet.engines.cohort import (  # noqa: F401
     check_persistable,
     check_vmap_support,
 )
+from lightning_fedhet.engines.cohort_checks import check_vmap_fit
 from lightning_fedhet.engines.layout import StateLayout, padded_size  # noqa: F401
 from lightning_fedhet.engines.lockstep import (  # noqa: F401
     CohortGroup,
@@ -146,14 +147,5 @@ class VmapEngine(Engine):
 
 def check_vmap_setup(module: nn.Module, optimizers: Sequence[torch.optim.Optimizer], server: Server) -> None:
     """Refuse, before any work, a fit the vmap engine cannot simulate (each error names the cause)."""
-    if len(optimizers) != 1:
-        raise VmapUnsupported(f"the module has {len(optimizers)} optimizers; the engine steps exactly one")
-    check_vmap_support(module, optimizers[0])
-    if server.optimizer_state == "persist":
-        check_persistable(optimizers[0], server.algorithm.sends_client_config)
-    decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
-    if server.algorithm.sends_client_config and any(decay):
-        raise VmapUnsupported(
-            f"{type(server.algorithm).__name__} trains a different part of the model on each client and the "
-            f"optimizer has weight_decay={decay}, which would move the parts a client does not train"
-        )
+    check_vmap_fit(module, optimizers, optimizer_state=server.optimizer_state,
+                   sends_client_config=server.algorithm.sends_client_config, rule=type(server.algorithm).__name__)

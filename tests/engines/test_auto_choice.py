@@ -60,13 +60,14 @@ def test_each_refusal_picks_sequential_with_its_own_reason():
         "buffer differ, and a cohort steps every client alike; use dampening=0")
     assert _choose(module, damped).name == "vmap"  # dampening matters only with persist
     assert _choose(_Manual()) == _sequential("the module uses manual optimisation")
-    assert _choose(module, two) == _sequential("the module has 2 optimizers (vmap steps exactly one)")
-    assert _choose(module, []) == _sequential("the module has 0 optimizers (vmap steps exactly one)")
+    assert _choose(module, two) == _sequential("the module has 2 optimizers; the engine steps exactly one")
+    assert _choose(module, []) == _sequential("the module has 0 optimizers; the engine steps exactly one")
     assert _choose(module, lbfgs) == _sequential(
         "optimizer LBFGS is not one whose state is elementwise (SGD, Adam, AdamW, RMSprop, Adagrad)")
     assert _choose(module, decayed, sends_client_config=True) == _sequential(
-        "the rule trains a different part of the model on each client and weight decay would move the other parts "
-        "under vmap")
+        "the rule trains a different part of the model on each client and the optimizer has weight_decay=[0.0001], "
+        "which would move the parts a client does not train")
+    assert _choose(module, decayed, sends_client_config=True, rule="FedCIS").reason.startswith("FedCIS trains")
     assert _choose(intervals=["epoch", "step"]) == _sequential(
         "a learning-rate scheduler steps every local step (interval='step')")
     assert _choose(val_interval_inside_epoch=2) == _sequential(

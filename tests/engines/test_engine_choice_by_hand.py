@@ -40,10 +40,14 @@ class _Streams:
         return torch.randn(1, rows, 5, generator=gen), torch.randint(0, 3, (1, rows), generator=gen)
 
 
+class _Rule(SimpleNamespace):
+    """A rule stand-in: the reason names the rule by its class."""
+
+
 def _server(sends_client_config: bool = False, optimizer_state: str = "reset", has_data=(True, True)):
-    """What :func:`decide` reads of a server: the rule's ``sends_client_config``, ``optimizer_state``, the streams and
-    which clients hold data."""
-    return SimpleNamespace(algorithm=SimpleNamespace(sends_client_config=sends_client_config),
+    """What :func:`decide` reads of a server: the rule (its name and ``sends_client_config``), ``optimizer_state``,
+    the streams and which clients hold data."""
+    return SimpleNamespace(algorithm=_Rule(sends_client_config=sends_client_config),
                            optimizer_state=optimizer_state, streams=_Streams(),
                            planner=SimpleNamespace(has_data=np.array(has_data)))
 
@@ -65,8 +69,8 @@ def test_decide_reads_the_rules_per_client_config_and_the_fits_validation_interv
     # weight decay refuses vmap only when the rule trains a different part of the model on each client
     decayed = _fit(weight_decay=1e-4)
     assert decide(decayed, _server(sends_client_config=True), None) == EngineChoice(
-        "sequential", False, "the rule trains a different part of the model on each client and weight decay would "
-                             "move the other parts under vmap")
+        "sequential", False, "_Rule trains a different part of the model on each client and the optimizer has "
+                             "weight_decay=[0.0001], which would move the parts a client does not train")
     assert decide(decayed, _server(sends_client_config=False), None) == EngineChoice("vmap", False, VMAP_CPU)
     assert decide(_fit(val_interval=2), _server(), None) == EngineChoice(
         "sequential", False, "val_check_interval=2 is counted inside each round, which vmap runs as one step")
