@@ -219,13 +219,13 @@ def canary_path(root: Path, study: str, processor: str | None = None) -> Path:
     return Path(root) / "records" / study / name
 
 
-def _canary_for(root: Path, study: str, processor: str | None) -> tuple[Path, dict[str, Any]] | None:
+def _canary_for(root: Path, study: str, processor: str | None) -> dict[str, Any] | None:
     """The canary record made on ``processor`` (the reference's or a sibling's), or None."""
     for path in (canary_path(root, study), canary_path(root, study, processor)):
         if path.is_file():
             record = json.loads(path.read_text())
             if record.get("cpu") == processor:
-                return path, record
+                return record
     return None
 
 
@@ -280,7 +280,7 @@ def rerun_canary(study: Study, root: str | Path | None = None) -> list[str]:
     fresh = json.loads(dumps(run_canary(study)))  # the record's JSON form
     own = _canary_for(root, study.name, fresh.get("cpu"))
     exact = own is not None
-    committed: dict[str, Any] = own[1] if own else json.loads(path.read_text())
+    committed: dict[str, Any] = own if own is not None else json.loads(path.read_text())
     problems = []
     for key in CANARY_KEYS:
         if not _agrees(committed.get(key), fresh.get(key), exact or key == "data_checksum"):

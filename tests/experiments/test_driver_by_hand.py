@@ -834,12 +834,12 @@ def test_the_canary_of_a_processor_is_the_reference_or_its_own_record(tmp_path):
         tmp_path / "records" / "drv" / "canary.fake-cpu-2ghz-avx2.json"
     assert runner_module._canary_for(tmp_path, "drv", "Fake") is None
     records_module.write_record(reference, {"cpu": "Ref"})
-    assert runner_module._canary_for(tmp_path, "drv", "Ref") == (reference, {"cpu": "Ref"})
+    assert runner_module._canary_for(tmp_path, "drv", "Ref") == {"cpu": "Ref"}
     assert runner_module._canary_for(tmp_path, "drv", "Fake") is None
     own = runner_module.canary_path(tmp_path, "drv", "Fake")
     records_module.write_record(own, {"cpu": "Fake", "mine": True})
-    assert runner_module._canary_for(tmp_path, "drv", "Fake") == (own, {"cpu": "Fake", "mine": True})
-    assert runner_module._canary_for(tmp_path, "drv", "Ref") == (reference, {"cpu": "Ref"})
+    assert runner_module._canary_for(tmp_path, "drv", "Fake") == {"cpu": "Fake", "mine": True}
+    assert runner_module._canary_for(tmp_path, "drv", "Ref") == {"cpu": "Ref"}
 
 
 def test_a_windows_drive_is_part_of_the_file_name_not_an_attribute(tmp_path, monkeypatch):
