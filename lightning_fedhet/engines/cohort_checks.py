@@ -80,7 +80,7 @@ def check_vmap_fit(
     *,
     optimizer_state: str,
     sends_client_config: bool,
-    rule: str = "the rule",
+    rule: str,
 ) -> None:
     """Raise :class:`VmapUnsupported` for a fit the vmap engine cannot simulate: ``optimizers`` are the module's
     (the engine steps exactly one), ``optimizer_state`` and ``sends_client_config`` the server's, ``rule`` the rule's
@@ -90,7 +90,8 @@ def check_vmap_fit(
     check_vmap_support(module, optimizers[0])
     if optimizer_state == "persist":
         check_persistable(optimizers[0], sends_client_config)
-    decay = [group.get("weight_decay", 0) for group in optimizers[0].param_groups]
+    # every optimizer check_vmap_support lets through has weight_decay in each parameter group
+    decay = [group["weight_decay"] for group in optimizers[0].param_groups]
     if sends_client_config and any(decay):
         # a stacked step gives a part the client does not train a zero gradient, which weight decay still moves
         raise VmapUnsupported(
