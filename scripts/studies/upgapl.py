@@ -395,11 +395,12 @@ def _fmt_pp(mean: float, lo: float, hi: float) -> str:
     return fmt_ci(mean, lo, hi, unit=" pp")
 
 
-def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> list[str]:
-    """Protocol v2's claims under the v3 rule, beside the labels v2 registered ("v2 records, v3 rule")."""
+def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Protocol v2's claims under the v3 rule, beside the labels v2 registered ("v2 records, v3 rule"): the page's
+    lines and each claim's v3 label as the results index gives it (marked as v2 records under the v3 rule)."""
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
     if len(methods) < len(METHODS):
-        return []
+        return [], {}
     finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
     osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
     planned = len(SEEDS_BY_PROTOCOL["v2"])
@@ -414,10 +415,12 @@ def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> list[str]:
             ("U3: oscillation, UDMA-PL − UPGA-PL", _fmt_pp(r["U3 (oscillation)"].raw.mean,
                                                          r["U3 (oscillation)"].raw.lo, r["U3 (oscillation)"].raw.hi),
              registered.get("U3", ""), *_v3.cells(r["U3 (oscillation)"], _fmt_pp))]
-    return [_v3.note(2, "U1 and U3's oscillation difference; U2 is an equivalence claim, labelled by "
-                        "`decide_within` on its raw interval: inside ±1 pp reproduced, wholly outside not reproduced, "
-                        "else inconclusive"),
-            markdown_table(("claim", "ours (raw 95 % CI)", "v2 label (registered rule)", *_v3.HEADER), rows), ""]
+    lines = [_v3.note(2, "U1 and U3's oscillation difference; U2 is an equivalence claim, labelled by "
+                         "`decide_within` on its raw interval: inside ±1 pp reproduced, wholly outside not reproduced, "
+                         "else inconclusive"),
+             markdown_table(("claim", "ours (raw 95 % CI)", "v2 label (registered rule)", *_v3.HEADER), rows), ""]
+    index = {"U1": r["U1"].index_text(), "U2": u2.text() + _v3.MARK, "U3": r["U3 (oscillation)"].index_text()}
+    return lines, index
 
 
 def _cell_checks(recs: list[dict], method: str) -> tuple[float, bool, str]:
@@ -581,10 +584,13 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
             text, verdicts = _setting_section([r for r in recs if r["setting"] == setting], protocol, setting,
                                               len(seeds), ruled_out if protocol == "v2" else None)
             lines.append(text)
+            relabelled: dict[str, str] = {}  # v2 records, v3 rule: the index gives the v3 label, marked
             if protocol == "v2" and setting == PRIMARY["v2"]:
-                lines += ["", *_v2_relabel([r for r in recs if r["setting"] == setting],
-                                           {k: v for k, (_, v) in verdicts.items()})]
+                relabel_lines, relabelled = _v2_relabel([r for r in recs if r["setting"] == setting],
+                                                        {k: v for k, (_, v) in verdicts.items()})
+                lines += ["", *relabel_lines]
             for k, (ours, verdict) in verdicts.items():
+                verdict = relabelled.get(k, verdict)
                 label = "" if setting == PRIMARY[protocol] else f" [setting {setting}]"
                 summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],
                                                  f"{ours} ({setting})", verdict))
