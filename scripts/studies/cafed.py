@@ -729,7 +729,11 @@ def _best_of_v3(decisions: dict[str, Decision]) -> Decision:
 
 def v3_claims(records: list[dict], protocol: str = "v3") -> dict[str, tuple[Decision, Decision | None]]:
     """``{claim: (decided, raw)}`` for C1 (CA-Fed - AdaFed), C2 (best of five; no raw) and C3 (CA-Fed - Unbiased)."""
-    decided, raw = v3_decisions(records, protocol)
+    return _claims_of(*v3_decisions(records, protocol))
+
+
+def _claims_of(decided: dict[str, Decision], raw: dict[str, Decision]) -> dict[str, tuple[Decision, Decision | None]]:
+    """:func:`v3_claims` from :func:`v3_decisions`' ``(decided, raw)``."""
     return {"C1": (decided["AdaFed"], raw["AdaFed"]), "C2": (_best_of_v3(decided), None),
             "C3": (decided["Unbiased"], raw["Unbiased"])}
 
@@ -812,9 +816,9 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
     if any(finals.values()) and finals["CA-Fed"]:
         table, _ = paired_differences(finals, "CA-Fed", [m for m in METHODS if m != "CA-Fed" and finals[m]])
         lines += ["Paired differences of the final accuracy (same seeds, raw 95 % intervals):\n", table, ""]
-    claims = v3_claims(records, protocol)
+    decided_by, raw_by = v3_decisions(records, protocol)
+    claims = _claims_of(decided_by, raw_by)
     claim_rows, summaries = [], []
-    decided_by = v3_decisions(records, protocol)[0]
     for k, (decided, raw) in claims.items():
         holm = _pp(decided)
         if k == "C2" and decided.n >= 2:  # the comparison that settles C2 (see _best_of_v3)
