@@ -47,7 +47,6 @@ from lightning_fedhet.engines.base import Engine, log_reduction, reduce_logged
 from lightning_fedhet.engines.cohort import (  # noqa: F401
     ELEMENTWISE_OPTIMIZERS,
     VmapCohort,
-    check_persistable,
     check_vmap_support,
 )
 from lightning_fedhet.engines.cohort_checks import check_vmap_fit

@@ -727,13 +727,9 @@ def _best_of_v3(decisions: dict[str, Decision]) -> Decision:
     return _best_of(decisions)
 
 
-def v3_claims(records: list[dict], protocol: str = "v3") -> dict[str, tuple[Decision, Decision | None]]:
-    """``{claim: (decided, raw)}`` for C1 (CA-Fed - AdaFed), C2 (best of five; no raw) and C3 (CA-Fed - Unbiased)."""
-    return _claims_of(*v3_decisions(records, protocol))
-
-
-def _claims_of(decided: dict[str, Decision], raw: dict[str, Decision]) -> dict[str, tuple[Decision, Decision | None]]:
-    """:func:`v3_claims` from :func:`v3_decisions`' ``(decided, raw)``."""
+def v3_claims(decided: dict[str, Decision], raw: dict[str, Decision]) -> dict[str, tuple[Decision, Decision | None]]:
+    """``{claim: (decided, raw)}`` from :func:`v3_decisions`' ``(decided, raw)``: C1 (CA-Fed - AdaFed), C2 (best of
+    five; no raw) and C3 (CA-Fed - Unbiased)."""
     return {"C1": (decided["AdaFed"], raw["AdaFed"]), "C2": (_best_of_v3(decided), None),
             "C3": (decided["Unbiased"], raw["Unbiased"])}
 
@@ -817,7 +813,7 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
         table, _ = paired_differences(finals, "CA-Fed", [m for m in METHODS if m != "CA-Fed" and finals[m]])
         lines += ["Paired differences of the final accuracy (same seeds, raw 95 % intervals):\n", table, ""]
     decided_by, raw_by = v3_decisions(records, protocol)
-    claims = _claims_of(decided_by, raw_by)
+    claims = v3_claims(decided_by, raw_by)
     claim_rows, summaries = [], []
     for k, (decided, raw) in claims.items():
         holm = _pp(decided)
