@@ -304,7 +304,9 @@ def test_v4_claims_follow_v3s_rule_on_v4s_records_only(four_seeds, tmp_path):
     # v3's records would not count for v4
     verdicts = _v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v4")
     assert verdicts == {"v4, C1": "reproduced", "v4, C2": "reproduced", "v4, C3": "reproduced"}
-    assert set(_v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v3").values()) == {"pending (0/4 seeds)"}
+    # v3 stopped when v4 took over its cells: its claims stay pending and say that they will not fill up
+    assert set(_v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v3").values()) == {
+        "pending (0/4 seeds; stopped, superseded by v4, which runs these cells)"}
     assert set(_v3_verdicts(_v3_records(protocol="v3"), tmp_path, "v4").values()) == {"pending (0/4 seeds)"}
     page = (tmp_path / "cafed.md").read_text()
     v4 = page.split("## Results, protocol v4")[1].split("## Results, protocol v3")[0]
@@ -345,7 +347,13 @@ def test_v3_a_pick_at_its_grids_edge_gets_no_verdict(four_seeds, monkeypatch, tm
 def test_v3_an_incomplete_cell_is_pending_with_its_interim_interval(four_seeds, tmp_path):
     """3 of 4 seeds: differences 1.5, 2.5, 1.5 pp: mean 1.83, SD 0.577, t_{0.975,2} = 4.303, half-width 1.43 ->
     raw [0.4, 3.3]."""
-    verdicts = _v3_verdicts(_v3_records(seeds=(200, 201, 202)), tmp_path)
-    assert verdicts == {"v3, C1": "pending (3/4 seeds)", "v3, C2": "pending (3/4 seeds)",
-                        "v3, C3": "pending (3/4 seeds)"}
+    verdicts = _v3_verdicts(_v3_records(seeds=(200, 201, 202), protocol="v4"), tmp_path, "v4")
+    assert verdicts == {"v4, C1": "pending (3/4 seeds)", "v4, C2": "pending (3/4 seeds)",
+                        "v4, C3": "pending (3/4 seeds)"}
     assert "| 1.8 pp [0.4, 3.3], 3 seeds |" in (tmp_path / "cafed.md").read_text()
+    # the same records under v3, which v4 superseded: the interim interval stays, the label names the successor
+    verdicts = _v3_verdicts(_v3_records(seeds=(200, 201, 202)), tmp_path)
+    assert set(verdicts.values()) == {"pending (3/4 seeds; stopped, superseded by v4, which runs these cells)"}
+    page = (tmp_path / "cafed.md").read_text().split("## Results, protocol v3")[1]
+    assert "| 1.8 pp [0.4, 3.3], 3 seeds |" in page
+    assert "**pending (3/4 seeds; stopped, superseded by v4, which runs these cells)**" in page

@@ -476,6 +476,9 @@ CELLS_V4 = tuple(Cell(setting, m, config_v4(m, *lrs[m])) for setting, lrs in SET
 CELLS = CELLS_V4
 #: the protocols with each client's momentum kept (v3's rule, learning rates and plan), newest first
 MOMENTUM_PROTOCOLS = ("v4", "v3")
+#: a protocol whose runs stopped because a later one runs the same cells: its claims stay "pending" (incomplete
+#: cells) and say that they will not fill up (v3 stopped at one record when v4 moved its cells to the vmap engine)
+SUPERSEDED_BY = {"v3": "v4"}
 SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(20)),
                      "v3": tuple(range(200, 200 + max(PLANNED_V3.values())))}
 SEEDS_BY_PROTOCOL["v4"] = SEEDS_BY_PROTOCOL["v3"]  # the same seeds: v4 changes the engine only
@@ -822,11 +825,14 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
             holm = f"CA-Fed − {which[0]}: {holm}" if which else holm
         label = (decided.text() if decided.final or decided.label == "pending"
                  else f"{decided.text()}: {decided.reason}")
+        verdict = decided.text()
+        if decided.label == "pending" and protocol in SUPERSEDED_BY:
+            verdict = label = (f"pending ({decided.n}/{decided.planned} seeds; stopped, superseded by "
+                               f"{SUPERSEDED_BY[protocol]}, which runs these cells)")
         claim_rows.append((f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], "–" if raw is None else _pp(raw), holm,
                            f"**{label}**"))
         ours = ("–" if raw is None else _pp(raw)) + (f"; Holm-adjusted {_pp(decided)}" if k != "C2" else "")
-        summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}", CLAIMS[k][1], f"{ours} ({setting})",
-                                 decided.text()))
+        summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}", CLAIMS[k][1], f"{ours} ({setting})", verdict))
     lines += [f"Claims (protocol {protocol}'s rule, decided on the Holm interval):\n",
               markdown_table(("claim", "paper", "raw 95 % interval", "Holm-adjusted interval (decides)",
                               f"{protocol} label"), claim_rows), ""]
