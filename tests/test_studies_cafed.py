@@ -203,8 +203,7 @@ def test_best_of_five_under_the_v3_rule():
 
 # ------------------------------------------------------------------------------------------------------ protocol v3
 def test_v4_cells_are_v3s_on_the_vmap_engine_with_v3s_seeds():
-    assert cafed.STUDY.protocol == "v4" and cafed.CELLS is cafed.CELLS_V4
-    assert cafed.SEEDS_BY_PROTOCOL["v4"] == cafed.SEEDS_BY_PROTOCOL["v3"] == cafed.STUDY.seeds
+    assert cafed.SEEDS_BY_PROTOCOL["v4"] == cafed.SEEDS_BY_PROTOCOL["v3"]
     v3 = {c.method: c for c in cafed.CELLS_V3}
     assert [c.method for c in cafed.CELLS_V4] == list(v3)
     for cell in cafed.CELLS_V4:
@@ -261,11 +260,12 @@ def test_lr_place_needs_values_on_both_sides(monkeypatch):
 
 def _v3_record(method, seed, final, rise=0.0, protocol="v3"):
     # 40 evaluations (rounds 5, ..., 200); `rise`: the curve sits `rise` lower over rounds 161-180 than over 181-200
+    # (the run's tail change); the final window (rounds 185-200) is not touched
     rounds = list(range(5, 201, 5))
     acc = [final - (rise if 160 < r <= 180 else 0.0) for r in rounds]
-    config = cafed.config_v3 if protocol == "v3" else cafed.config_v4
+    config = cafed.config_v3 if protocol == "v3" else cafed.config_v4  # v5's cells are v4's
     cfg = {**config(method, *cafed.PILOT_V3[method]["pick"]), "rounds": 200, "final_window": 0.1}
-    return {"protocol": protocol, "setting": "authors-recipe-momentum", "method": method, "seed": seed,
+    return {"protocol": protocol, "setting": cafed.PRIMARY[protocol], "method": method, "seed": seed,
             "commit": "abc", "dirty": False, "engine": cfg["engine"], "device": "cpu", "torch": "2", "wall_s": 1.0,
             "cpu_s": 1.0,
             "config": cfg, "metrics": {"round": rounds, "val_acc": acc, "trained_per_round": [40],
@@ -302,12 +302,15 @@ def _v3_verdicts(records, tmp_path, protocol="v3"):
 def test_v4_claims_follow_v3s_rule_on_v4s_records_only(four_seeds, tmp_path):
     # v4 records decide v4's claims by v3's rule (the numbers of the v3 test below); v3's claims stay pending, and
     # v3's records would not count for v4
+    # (the index gives v5's check on v4's records, marked; with no drift the two checks agree)
     verdicts = _v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v4")
-    assert verdicts == {"v4, C1": "reproduced", "v4, C2": "reproduced", "v4, C3": "reproduced"}
+    assert set(verdicts) == {"v4, C1", "v4, C2", "v4, C3"}
+    assert set(verdicts.values()) == {"reproduced (v4 records, v5 check)"}
     # v3 stopped when v4 took over its cells: its claims stay pending and say that they will not fill up
     assert set(_v3_verdicts(_v3_records(protocol="v4"), tmp_path, "v3").values()) == {
         "pending (0/4 seeds; stopped, superseded by v4, which runs these cells)"}
-    assert set(_v3_verdicts(_v3_records(protocol="v3"), tmp_path, "v4").values()) == {"pending (0/4 seeds)"}
+    assert set(_v3_verdicts(_v3_records(protocol="v3"), tmp_path, "v4").values()) == {
+        "pending (0/4 seeds) (v4 records, v5 check)"}
     page = (tmp_path / "cafed.md").read_text()
     v4 = page.split("## Results, protocol v4")[1].split("## Results, protocol v3")[0]
     assert "Protocol v4 is protocol v3 on the vmap engine" in v4 and "No v4 records yet" in v4
@@ -332,7 +335,7 @@ def test_v3_a_cell_still_moving_is_not_converged_and_gets_no_verdict(four_seeds,
     verdicts = _v3_verdicts(_v3_records(rise={"AdaFed": 0.01}), tmp_path)
     assert verdicts == {"v3, C1": "not converged", "v3, C2": "not converged", "v3, C3": "reproduced"}
     page = (tmp_path / "cafed.md").read_text()
-    assert "| +1.00 pp | **no** | 4/4 |" in page
+    assert "| +1.00 pp | [+1.00, +1.00] pp | **no** | 4/4 |" in page
 
 
 def test_v3_a_pick_at_its_grids_edge_gets_no_verdict(four_seeds, monkeypatch, tmp_path):
@@ -348,8 +351,8 @@ def test_v3_an_incomplete_cell_is_pending_with_its_interim_interval(four_seeds, 
     """3 of 4 seeds: differences 1.5, 2.5, 1.5 pp: mean 1.83, SD 0.577, t_{0.975,2} = 4.303, half-width 1.43 ->
     raw [0.4, 3.3]."""
     verdicts = _v3_verdicts(_v3_records(seeds=(200, 201, 202), protocol="v4"), tmp_path, "v4")
-    assert verdicts == {"v4, C1": "pending (3/4 seeds)", "v4, C2": "pending (3/4 seeds)",
-                        "v4, C3": "pending (3/4 seeds)"}
+    assert set(verdicts) == {"v4, C1", "v4, C2", "v4, C3"}
+    assert set(verdicts.values()) == {"pending (3/4 seeds) (v4 records, v5 check)"}
     assert "| 1.8 pp [0.4, 3.3], 3 seeds |" in (tmp_path / "cafed.md").read_text()
     # the same records under v3, which v4 superseded: the interim interval stays, the label names the successor
     verdicts = _v3_verdicts(_v3_records(seeds=(200, 201, 202)), tmp_path)
@@ -357,3 +360,96 @@ def test_v3_an_incomplete_cell_is_pending_with_its_interim_interval(four_seeds, 
     page = (tmp_path / "cafed.md").read_text().split("## Results, protocol v3")[1]
     assert "| 1.8 pp [0.4, 3.3], 3 seeds |" in page
     assert "**pending (3/4 seeds; stopped, superseded by v4, which runs these cells)**" in page
+
+
+# ------------------------------------------------------------------------------------------------------ protocol v5
+def test_v5_cells_are_v4s_for_c1_and_c3_on_fresh_seeds():
+    assert cafed.STUDY.protocol == "v5" and cafed.CELLS is cafed.CELLS_V5
+    assert cafed.STUDY.seeds == cafed.SEEDS_BY_PROTOCOL["v5"] == tuple(range(400, 513))
+    assert not set(cafed.STUDY.seeds) & (set(cafed.SEEDS_BY_PROTOCOL["v3"]) | {900})  # v3/v4 and the pilot
+    v4 = {c.method: c for c in cafed.CELLS_V4}
+    assert [c.method for c in cafed.CELLS_V5] == ["CA-Fed", "AdaFed", "Unbiased"]
+    assert all(cell == v4[cell.method] for cell in cafed.CELLS_V5)
+    assert cafed.PLANNED_V5 == {"CA-Fed": 113, "AdaFed": 113, "Unbiased": 49}
+
+
+@pytest.fixture
+def v5_four_seeds(four_seeds, monkeypatch):
+    """Protocol v5 cut to 4 planned seeds (400-403) per cell, every pick interior (``four_seeds``)."""
+    monkeypatch.setitem(cafed.PLANS, "v5", cafed.MomentumPlan(cafed.METHODS_V5, {m: 4 for m in cafed.METHODS_V5},
+                                                              "interval"))
+    monkeypatch.setitem(cafed.SEEDS_BY_PROTOCOL, "v5", (400, 401, 402, 403))
+
+
+def _records(protocol, seeds, methods, rise=None):
+    # `rise`: {method: {seed: that run's tail change}}
+    rise = rise or {}
+    return [_v3_record(m, s, V3_FINALS[m] + (0.005 * (1 if s % 2 else -1) if m == "CA-Fed" else 0.0),
+                       rise.get(m, {}).get(s, 0.0), protocol) for m in methods for s in seeds]
+
+
+V5_SEEDS = (400, 401, 402, 403)
+#: AdaFed's runs move by 0, 2, 0, 2 pp over their last 20 rounds: mean 1 pp (beyond v4's 0.6 pp bound), SD
+#: sqrt(4 / 3) = 1.155 pp, 95 % half-width 3.182 * 1.155 / 2 = 1.837 -> [-0.84, +2.84] pp: the drift is not resolved
+SPREAD = {"AdaFed": {s: 0.02 * (s % 2) for s in (*V5_SEEDS, 200, 201, 202, 203)}}
+
+
+def _page_section(tmp_path, protocol, until):
+    return (tmp_path / "cafed.md").read_text().split(f"## Results, protocol {protocol}")[1].split(
+        f"## Results, protocol {until}")[0]
+
+
+def test_v5_decides_c1_and_c3_on_holm_over_its_two_comparisons(v5_four_seeds, tmp_path):
+    """Differences CA-Fed - AdaFed and CA-Fed - Unbiased over 4 seeds: 1.5, 2.5, 1.5, 2.5 pp each (mean 2.0, SD
+    0.577 pp). Holm over two tied comparisons: the first (AdaFed) at alpha/2, t_{0.9875,3} = 4.177, half-width
+    4.177 * 0.577 / 2 = 1.21 -> [0.8, 3.2]; the second at alpha: t_{0.975,3} = 3.182, half-width 0.92 -> [1.1, 2.9]
+    (over v3's four comparisons Unbiased's step would be narrower than alpha). No C2 in v5."""
+    verdicts = _v3_verdicts(_records("v5", V5_SEEDS, cafed.METHODS_V5), tmp_path, "v5")
+    assert verdicts == {"v5, C1": "reproduced", "v5, C3": "reproduced"}
+    page = _page_section(tmp_path, "v5", "v4")
+    assert "| +1.56 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [0.8, 3.2], 4 seeds | **reproduced** |" in page
+    assert "| +1.2 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [1.1, 2.9], 4 seeds | **reproduced** |" in page
+    assert "two comparisons" in page and "F3AST" not in page.split("Claims (protocol v5")[0].split("| method |")[1]
+
+
+def test_v5_check_withholds_a_verdict_only_for_a_resolved_drift(v5_four_seeds, tmp_path):
+    # every AdaFed run 1 pp up over its last 20 rounds (SD 0): [+1.00, +1.00] lies beyond 0.6 -> not converged
+    steady = {"AdaFed": {s: 0.01 for s in V5_SEEDS}}
+    verdicts = _v3_verdicts(_records("v5", V5_SEEDS, cafed.METHODS_V5, steady), tmp_path, "v5")
+    assert verdicts == {"v5, C1": "not converged", "v5, C3": "reproduced"}
+    assert "| +1.00 pp | [+1.00, +1.00] pp | **not converged** | 4/4 |" in _page_section(tmp_path, "v5", "v4")
+    # the same mean drift spread over the runs (0, 2, 0, 2 pp): not resolved, so C1 gets its verdict
+    verdicts = _v3_verdicts(_records("v5", V5_SEEDS, cafed.METHODS_V5, SPREAD), tmp_path, "v5")
+    assert verdicts == {"v5, C1": "reproduced", "v5, C3": "reproduced"}
+    assert "| +1.00 pp | [-0.84, +2.84] pp | drift not resolved | 4/4 |" in _page_section(tmp_path, "v5", "v4")
+
+
+def test_v4_records_are_relabelled_by_v5s_check_and_marked(four_seeds, tmp_path):
+    # v4's own check reads AdaFed's mean tail change of 1 pp as not converged; v5's check cannot resolve it, so the
+    # index gives v5's label on v4's records, marked, and the page keeps v4's label beside it
+    verdicts = _v3_verdicts(_records("v4", (200, 201, 202, 203), cafed.METHODS, SPREAD), tmp_path, "v4")
+    assert verdicts == {"v4, C1": "reproduced (v4 records, v5 check)", "v4, C2": "reproduced (v4 records, v5 check)",
+                        "v4, C3": "reproduced (v4 records, v5 check)"}
+    page = _page_section(tmp_path, "v4", "v3")
+    assert "| **not converged: " in page
+    assert "| +1.00 pp | [-0.84, +2.84] pp | **no** | drift not resolved | 4/4 |" in page
+    assert "v5 check on v4's records (the index's label)" in page
+
+
+def test_v5_power_rows_from_v4s_paired_sd():
+    """v4 records whose CA-Fed - AdaFed differences are 0, 4, 0, 4 pp: SD = sqrt(4 * 4 / 3) = 2.309 pp. The plan's
+    power for the thesis's +1.56 pp at Holm's strictest step over two (two-sided level 1 - 0.05/2), 113 seeds,
+    from scipy's noncentral t directly: P(T' > t_{0.9875,112}), T' ~ nct(112, 1.56 sqrt(113) / 2.309)."""
+    from scipy import stats
+
+    def p(gap, n=113, sd=(4 * 4 / 3) ** 0.5):
+        return stats.nct.sf(stats.t.ppf(1 - 0.025 / 2, n - 1), n - 1, gap * n ** 0.5 / sd)
+
+    recs = [_v3_record("CA-Fed", s, 0.70 + (0.04 if s % 2 else 0.0), protocol="v4") for s in (200, 201, 202, 203)]
+    recs += [_v3_record("AdaFed", s, 0.70, protocol="v4") for s in (200, 201, 202, 203)]
+    row = cafed.v5_power_rows(recs)[0]
+    assert row[0] == "C1: CA-Fed − AdaFed" and row[2] == f"{(16 / 3) ** 0.5:.2f} pp (4 seeds)" and row[4] == "113"
+    assert row[5] == f"{100 * p(1.56):.0f} %"
+    gap = float(row[6].split()[0])  # the smallest gap (0.1 pp steps) with 80 % power: just below it, less
+    assert p(gap) >= 0.8 > p(gap - 0.1)
+    assert cafed.v5_power_rows(recs)[1][2:4] == ("–", "–")  # no Unbiased records: nothing to plan from

@@ -17,12 +17,15 @@ the strategy, a dict of methods, the settings, the seeds and the metric. The sta
 
 from lightning_fedhet.experiments.backends import Backend, InProcess, Outcome, Ray, Stacked, Task, execute
 from lightning_fedhet.experiments.decision import (
+    DRIFT_STATES,
     FINAL,
     LABELS,
     Decision,
+    Drift,
     decide,
     decide_paired,
     decide_within,
+    drift_check,
     family_intervals,
     grid_place,
     power,
@@ -130,6 +133,9 @@ __all__ = [
     "power",
     "seeds_for_power",
     "tail_change",
+    "drift_check",
+    "Drift",
+    "DRIFT_STATES",
     "grid_place",
     "seeds_needed",
     "VERDICTS",

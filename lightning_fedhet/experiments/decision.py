@@ -307,6 +307,60 @@ def tail_change(rounds: Sequence[float], values: Sequence[float], tail: float = 
     return float(last.mean() - before.mean())
 
 
+#: the states of :func:`drift_check`, in the order it tests them
+DRIFT_STATES = ("not converged", "converged", "drift not resolved")
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A cell's convergence check with its own uncertainty (:func:`drift_check`).
+
+    ``mean``: the mean over seeds of each run's :func:`tail_change` (equal to the tail change of the seed-mean curve
+    when the runs share their evaluation rounds); ``lo, hi``: its Student-t interval; ``n``: the seeds; ``bound``:
+    the protocol's bound; ``state``: one of :data:`DRIFT_STATES`."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    bound: float
+    state: str
+
+    @property
+    def blocks_verdict(self) -> bool:
+        """Only a resolved drift beyond the bound withholds a verdict (the state "not converged")."""
+        return self.state == "not converged"
+
+
+def drift_check(rounds: Sequence[float], runs: Sequence[Sequence[float]], bound: float, tail: float = 0.2,
+                level: float = 0.95) -> Drift:
+    """Whether a cell still moves at the end of its runs, judged with the noise of its own seeds.
+
+    Each run's :func:`tail_change` (``runs``: one metric series per seed, all at ``rounds``) is a paired difference
+    of the same run's last two windows; their mean and ``level`` Student-t interval ``[lo, hi]`` give the state:
+
+    - ``"not converged"`` when the interval lies entirely beyond the bound (``lo > bound`` or ``hi < -bound``): a
+      drift larger than the bound is resolved;
+    - ``"converged"`` when it lies within ``[-bound, bound]``: any drift is smaller than the bound;
+    - ``"drift not resolved"`` otherwise, and with fewer than 2 seeds: the seeds cannot tell.
+
+    A check on the seed-mean curve alone (``abs(tail_change(...)) <= bound``) reads noise as drift once the runs
+    fluctuate by more than the bound: its own sampling error is ``t * SD / sqrt(n)`` of the per-run tail changes.
+    """
+    if not bound > 0:
+        raise ValueError(f"bound must be > 0, got {bound}")
+    changes = np.array([tail_change(rounds, run, tail) for run in runs], dtype=np.float64)
+    if changes.size and np.isnan(changes).any():
+        raise ValueError("every run needs evaluations in both tail windows (a tail_change was NaN)")
+    if changes.size < 2:
+        mean = float(changes.mean()) if changes.size else math.nan
+        return Drift(mean, math.nan, math.nan, int(changes.size), bound, "drift not resolved")
+    mean, lo, hi = _t_interval(changes, level)
+    state = ("not converged" if lo > bound or hi < -bound else
+             "converged" if -bound <= lo and hi <= bound else "drift not resolved")
+    return Drift(mean, lo, hi, int(changes.size), bound, state)
+
+
 def grid_place(pick: float, grid: Sequence[float]) -> str:
     """Where a tuned value sits in its grid: ``"interior"``, ``"lower edge"`` or ``"upper edge"`` (a pick at an
     edge means the grid must be extended before the cell gets a verdict)."""

@@ -20,6 +20,7 @@ from lightning_fedhet.experiments.decision import (
     decide,
     decide_paired,
     decide_within,
+    drift_check,
     family_intervals,
     grid_place,
     power,
@@ -234,6 +235,45 @@ def test_tail_change_compares_the_last_tenth_with_the_tenth_before():
     assert math.isnan(tail_change([100], [0.5]))
     with pytest.raises(ValueError, match="tail"):
         tail_change(rounds, rounds, tail=1.0)
+
+
+def _runs_with_tail_changes(changes):
+    # rounds 10, ..., 100: each run flat at 0 up to round 90 and at `change` at round 100, so its tail_change (tail
+    # 0.2: round 100 minus round 90) is `change`
+    rounds = list(range(10, 101, 10))
+    return rounds, [[0.0] * 9 + [c] for c in changes]
+
+
+def test_drift_check_states_from_the_interval_of_the_runs_tail_changes():
+    # changes 1, 2, 3: mean 2, SD 1, 95 % half-width H95 = 2.484 -> [-0.484, 4.484]
+    rounds, runs = _runs_with_tail_changes([1.0, 2.0, 3.0])
+    d = drift_check(rounds, runs, bound=0.5)
+    assert (d.mean, d.lo, d.hi, d.n) == pytest.approx((2.0, 2.0 - H95, 2.0 + H95, 3))
+    assert d.state == "drift not resolved" and not d.blocks_verdict  # straddles 0.5: the seeds cannot tell
+    # the point estimate equals the seed-mean curve's tail change (what a check on the mean curve alone reads)
+    assert d.mean == pytest.approx(tail_change(rounds, np.mean(runs, axis=0)))
+    assert drift_check(rounds, runs, bound=5.0).state == "converged"  # [-0.48, 4.48] inside [-5, 5]
+    # 10, 11, 12: [8.516, 13.484], all above 1 -> resolved drift; and its mirror below -1
+    assert drift_check(*_runs_with_tail_changes([10.0, 11.0, 12.0]), bound=1.0).state == "not converged"
+    down = drift_check(*_runs_with_tail_changes([-10.0, -11.0, -12.0]), bound=1.0)
+    assert down.state == "not converged" and down.blocks_verdict
+    # 1.0 = 1.0 = 1.0 (SD 0): the interval is [1, 1], on the bound: within it (inclusive), not beyond it (strict)
+    assert drift_check(*_runs_with_tail_changes([1.0, 1.0, 1.0]), bound=1.0).state == "converged"
+    assert drift_check(*_runs_with_tail_changes([1.5, 1.5, 1.5]), bound=1.0).state == "not converged"
+    # a 99 % interval is wider: 1, 2, 3 at bound 2.4 -> 95 % [-0.48, 4.48] straddles; 10, 11, 12 at 99 %:
+    # t_{0.995,2} = 0.99 / sqrt(0.00995) = 9.925, half-width 5.730 -> [5.27, 16.73], still beyond 1
+    wide = drift_check(*_runs_with_tail_changes([10.0, 11.0, 12.0]), bound=1.0, level=0.99)
+    assert wide.lo == pytest.approx(11.0 - 0.99 / math.sqrt(0.00995) / math.sqrt(3))
+
+
+def test_drift_check_with_too_few_seeds_or_bad_input():
+    one = drift_check(*_runs_with_tail_changes([7.0]), bound=1.0)
+    assert (one.mean, one.n, one.state) == (7.0, 1, "drift not resolved") and math.isnan(one.lo)
+    assert drift_check(list(range(10, 101, 10)), [], bound=1.0).n == 0
+    with pytest.raises(ValueError, match="bound"):
+        drift_check(*_runs_with_tail_changes([1.0, 2.0]), bound=0.0)
+    with pytest.raises(ValueError, match="tail windows"):
+        drift_check([100], [[0.5], [0.6]], bound=1.0)
 
 
 def test_grid_place():
