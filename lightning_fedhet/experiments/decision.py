@@ -349,7 +349,7 @@ def drift_check(rounds: Sequence[float], runs: Sequence[Sequence[float]], bound:
     """
     if not bound > 0:
         raise ValueError(f"bound must be > 0, got {bound}")
-    changes = np.array([tail_change(rounds, run, tail) for run in runs], dtype=np.float64)
+    changes = np.array([tail_change(rounds, run, tail) for run in runs])
     if changes.size and np.isnan(changes).any():
         raise ValueError("every run needs evaluations in both tail windows (a tail_change was NaN)")
     if changes.size < 2:

@@ -248,7 +248,7 @@ def test_drift_check_states_from_the_interval_of_the_runs_tail_changes():
     # changes 1, 2, 3: mean 2, SD 1, 95 % half-width H95 = 2.484 -> [-0.484, 4.484]
     rounds, runs = _runs_with_tail_changes([1.0, 2.0, 3.0])
     d = drift_check(rounds, runs, bound=0.5)
-    assert (d.mean, d.lo, d.hi, d.n) == pytest.approx((2.0, 2.0 - H95, 2.0 + H95, 3))
+    assert (d.mean, d.lo, d.hi, d.n, d.bound) == pytest.approx((2.0, 2.0 - H95, 2.0 + H95, 3, 0.5))
     assert d.state == "drift not resolved" and not d.blocks_verdict  # straddles 0.5: the seeds cannot tell
     # the point estimate equals the seed-mean curve's tail change (what a check on the mean curve alone reads)
     assert d.mean == pytest.approx(tail_change(rounds, np.mean(runs, axis=0)))
@@ -266,13 +266,35 @@ def test_drift_check_states_from_the_interval_of_the_runs_tail_changes():
     assert wide.lo == pytest.approx(11.0 - 0.99 / math.sqrt(0.00995) / math.sqrt(3))
 
 
+def test_drift_check_edges_of_the_bound_the_tail_and_the_seed_count():
+    # [-1, -1] on the lower bound: within [-1, 1] (inclusive), not beyond it (strict)
+    low = drift_check(*_runs_with_tail_changes([-1.0, -1.0, -1.0]), bound=1.0)
+    assert low.state == "converged" and low.bound == 1.0
+    # two seeds are enough for an interval: 1, 3 -> mean 2, SD sqrt(2), t_{0.975,1} = 12.706 -> [-10.71, 14.71]
+    two = drift_check(*_runs_with_tail_changes([1.0, 3.0]), bound=1.0)
+    assert (two.n, two.lo, two.hi) == pytest.approx((2, 2.0 - 12.7062047, 2.0 + 12.7062047))
+    # the tail is passed on: rounds 10..100 rising by 1 a round -> tail 0.2: 10 (round 100 - round 90); tail 0.4:
+    # mean(90, 100) - mean(70, 80) = 20, for every run alike (SD 0)
+    rounds = list(range(10, 101, 10))
+    rising = [[float(r) for r in rounds]] * 3
+    assert drift_check(rounds, rising, bound=1.0).mean == pytest.approx(10.0)
+    assert drift_check(rounds, rising, bound=1.0, tail=0.4).mean == pytest.approx(20.0)
+
+
 def test_drift_check_with_too_few_seeds_or_bad_input():
     one = drift_check(*_runs_with_tail_changes([7.0]), bound=1.0)
-    assert (one.mean, one.n, one.state) == (7.0, 1, "drift not resolved") and math.isnan(one.lo)
-    assert drift_check(list(range(10, 101, 10)), [], bound=1.0).n == 0
+    assert (one.mean, one.n, one.state, one.bound) == (7.0, 1, "drift not resolved", 1.0)
+    assert math.isnan(one.lo) and math.isnan(one.hi)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "mean of empty slice" on the way
+        none = drift_check(list(range(10, 101, 10)), [], bound=1.0)
+    assert none.n == 0 and math.isnan(none.mean) and none.state == "drift not resolved"
     with pytest.raises(ValueError, match="bound"):
         drift_check(*_runs_with_tail_changes([1.0, 2.0]), bound=0.0)
-    with pytest.raises(ValueError, match="tail windows"):
+    message = r"^every run needs evaluations in both tail windows \(a tail_change was NaN\)$"
+    with pytest.raises(ValueError, match=message):
         drift_check([100], [[0.5], [0.6]], bound=1.0)
 
 
