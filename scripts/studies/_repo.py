@@ -77,7 +77,9 @@ def index(entries, out: Path) -> None:
         "A verdict marked \"(v2 records, v3 rule)\" is the v3 decision rule (`lightning_fedhet.experiments.decide`) "
         "applied to protocol v2's records after they had been seen: the study's page shows it beside the label v2's "
         "protocol registered, with the Holm-adjusted interval over the page's claims, and a claim whose label "
-        "changed needs fresh confirmatory seeds under a v3 protocol.\n",
+        "changed needs fresh confirmatory seeds under a v3 protocol. Likewise \"(v4 records, v5 check)\" (CA-Fed) is "
+        "protocol v5's convergence check (`lightning_fedhet.experiments.drift_check`, which carries the seeds' own "
+        "noise) applied to v4's records after they had been seen; v5's fresh seeds confirm.\n",
         markdown_table(("study", "claim", "paper", "ours (mean [95 % CI], seeds)", "verdict", "compute"), rows),
         "\n## Regenerate\n",
         "```bash",
