@@ -20,7 +20,11 @@ rule on Holm intervals; protocol v4 (:data:`CELLS_V4`) is v3 on the vmap engine,
 v4 was written; protocol v5 (the current one, :data:`CELLS_V5`) is v4's cells for C1 and C3 on fresh seeds, judged by
 a convergence check that carries its own noise.
 
-    OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds 400-512 --one-seed-at-a-time
+    # v5's order: one seed at a time, the seed's methods together; Unbiased only to its 49th seed (448)
+    for s in $(seq 400 512); do
+      methods='CA-Fed AdaFed'; [ "$s" -le 448 ] && methods='CA-Fed AdaFed Unbiased'
+      OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds "$s" --methods $methods --one-seed-at-a-time
+    done
 """
 
 from __future__ import annotations
@@ -719,8 +723,13 @@ def lr_interior(method: str) -> bool:
     return lr_places(method) == ("interior", "interior")
 
 
+def _planned_seeds(protocol: str, method: str) -> tuple[int, ...]:
+    """The seeds ``protocol`` plans for ``method``'s cell (the first ``planned`` of its seeds)."""
+    return SEEDS_BY_PROTOCOL[protocol][:PLANS[protocol].planned[method]]
+
+
 def _planned_runs(records: list[dict], method: str, protocol: str) -> list[dict]:
-    planned = SEEDS_BY_PROTOCOL[protocol][:PLANS[protocol].planned[method]]
+    planned = _planned_seeds(protocol, method)
     return [r for r in records if r["method"] == method and r["seed"] in planned]
 
 
@@ -758,9 +767,8 @@ def cell_converged(records: list[dict], method: str, protocol: str, check: str) 
 
 def _planned_finals(recs: list[dict], protocol: str) -> dict[str, dict[int, float]]:
     """``{method: {seed: final accuracy}}`` over each of the protocol's methods' planned seeds."""
-    plan = PLANS[protocol]
-    return {m: {s: v for s, v in by_seed(recs, final_acc, method=m).items()
-                if s in SEEDS_BY_PROTOCOL[protocol][:plan.planned[m]]} for m in plan.methods}
+    return {m: {s: v for s, v in by_seed(recs, final_acc, method=m).items() if s in _planned_seeds(protocol, m)}
+            for m in PLANS[protocol].methods}
 
 
 def v3_decisions(records: list[dict], protocol: str = "v3",
@@ -1093,8 +1101,14 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "reset it.\n",
         "## Reproduce\n",
         "```bash",
-        f"OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds {SEEDS_BY_PROTOCOL['v5'][0]}-"
-        f"{SEEDS_BY_PROTOCOL['v5'][-1]} --one-seed-at-a-time  # v5; the missing runs only",
+        "# v5, in its order (one seed at a time, the seed's methods together; the missing runs only). Unbiased's cell "
+        "ends at its 49th seed, so the seeds after it run CA-Fed and AdaFed only",
+        f"for s in $(seq {SEEDS_BY_PROTOCOL['v5'][0]} {SEEDS_BY_PROTOCOL['v5'][-1]}); do",
+        f"  methods='CA-Fed AdaFed'; [ \"$s\" -le {_planned_seeds('v5', 'Unbiased')[-1]} ] && "
+        "methods='CA-Fed AdaFed Unbiased'",
+        "  OMP_NUM_THREADS=1 python scripts/reproduce.py run cafed --seeds \"$s\" --methods $methods "
+        "--one-seed-at-a-time",
+        "done",
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
