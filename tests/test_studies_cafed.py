@@ -3,6 +3,7 @@
 No heavy training: runs use 8 clients and 2 rounds. The verdict tests feed hand-made records to the report.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -195,10 +196,13 @@ def test_best_of_five_under_the_v3_rule():
 
     up, flat, down = decide(0.01, 0.03, None, 20, 20), decide(-0.01, 0.03, None, 20, 20), decide(-0.03, -0.01, None,
                                                                                                   20, 20)
-    assert cafed._best_of({"A": up, "B": up}).label == "reproduced"
-    assert cafed._best_of({"A": up, "B": flat}).label == "inconclusive"
-    assert cafed._best_of({"A": flat, "B": down}).label == "opposite sign"
-    assert cafed._best_of({"A": down, "B": decide(0.01, 0.03, None, 3, 20)}).text() == "pending (3/20 seeds)"
+    assert cafed._best_of({"A": up, "B": up})[1].label == "reproduced"
+    assert cafed._best_of({"A": up, "B": flat}) == ("B", dataclasses.replace(flat, label="inconclusive",
+                                                                              reason="an interval holds 0"))
+    assert cafed._best_of({"A": flat, "B": down})[0] == "B"  # the method resolved above CA-Fed is named
+    assert cafed._best_of({"A": flat, "B": down})[1].label == "opposite sign"
+    pending = cafed._best_of({"A": down, "B": decide(0.01, 0.03, None, 3, 20)})
+    assert pending[0] == "B" and pending[1].text() == "pending (3/20 seeds)"
 
 
 # ------------------------------------------------------------------------------------------------------ protocol v3
@@ -326,6 +330,8 @@ def test_v3_claims_are_decided_on_the_holm_interval(four_seeds, tmp_path):
     page = (tmp_path / "cafed.md").read_text().split("## Results, protocol v3")[1].split("## Results, protocol v2")[0]
     assert "| +1.56 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [0.8, 3.2], 4 seeds | **reproduced** |" in page
     assert "| +1.2 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [1.1, 2.9], 4 seeds | **reproduced** |" in page
+    # C2 names the comparison that settles it: the lowest Holm lower end, AdaFed's (not Unbiased's raw-level one)
+    assert "| best of 5 | – | CA-Fed − AdaFed: 2.0 pp [0.8, 3.2], 4 seeds | **reproduced** |" in page
     local, server = cafed.PILOT_V3["CA-Fed"]["pick"]
     assert f"| CA-Fed | {local:g} / {server:g} | interior; interior |" in page
 
@@ -409,6 +415,8 @@ def test_v5_decides_c1_and_c3_on_holm_over_its_two_comparisons(v5_four_seeds, tm
     page = _page_section(tmp_path, "v5", "v4")
     assert "| +1.56 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [0.8, 3.2], 4 seeds | **reproduced** |" in page
     assert "| +1.2 pp | 2.0 pp [1.1, 2.9], 4 seeds | 2.0 pp [1.1, 2.9], 4 seeds | **reproduced** |" in page
+    # C2 names the comparison that settles it: the lowest Holm lower end, AdaFed's (not Unbiased's raw-level one)
+    assert "| best of 5 | – | CA-Fed − AdaFed: 2.0 pp [0.8, 3.2], 4 seeds | **reproduced** |" in page
     assert "two comparisons" in page and "F3AST" not in page.split("Claims (protocol v5")[0].split("| method |")[1]
 
 

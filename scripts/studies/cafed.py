@@ -650,24 +650,26 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
     return "\n".join(text), verdicts
 
 
-def _best_of(decisions: dict[str, Decision]) -> Decision:
+def _best_of(decisions: dict[str, Decision]) -> tuple[str, Decision]:
     """C2 under the v3 rule ("CA-Fed has the best accuracy of the five", direction only) from the decisions on
     CA-Fed − X for every other X: pending while any is; **opposite sign** when some interval lies below 0 (X is
-    resolved above CA-Fed); **reproduced** when every one lies above 0; **inconclusive** otherwise. The decision
-    returned is that of the comparison that settles it (fewest seeds; lowest upper end; lowest lower end)."""
-    pending = [d for d in decisions.values() if d.label == "pending"]
+    resolved above CA-Fed); **reproduced** when every one lies above 0; **inconclusive** otherwise. Returns the X
+    of the comparison that settles it (fewest seeds; lowest upper end; lowest lower end) and C2's decision, made
+    from that comparison's."""
+    pending = [x for x, d in decisions.items() if d.label == "pending"]
     if pending:
-        return min(pending, key=lambda d: d.n)
-    below = min(decisions.values(), key=lambda d: d.hi)
-    if below.hi < 0:
-        return dataclasses.replace(below, gain=None, seeds_for_80=None, label="opposite sign",
-                                   reason="a method is resolved above CA-Fed")
-    low = min(decisions.values(), key=lambda d: d.lo)
-    if low.lo > 0:
-        return dataclasses.replace(low, gain=None, seeds_for_80=None, label="reproduced",
-                                   reason="CA-Fed is resolved above every other method")
-    return dataclasses.replace(low, gain=None, seeds_for_80=None, label="inconclusive",
-                               reason="an interval holds 0")
+        x = min(pending, key=lambda x: decisions[x].n)
+        return x, decisions[x]
+    below = min(decisions, key=lambda x: decisions[x].hi)
+    if decisions[below].hi < 0:
+        return below, dataclasses.replace(decisions[below], gain=None, seeds_for_80=None, label="opposite sign",
+                                          reason="a method is resolved above CA-Fed")
+    low = min(decisions, key=lambda x: decisions[x].lo)
+    if decisions[low].lo > 0:
+        return low, dataclasses.replace(decisions[low], gain=None, seeds_for_80=None, label="reproduced",
+                                        reason="CA-Fed is resolved above every other method")
+    return low, dataclasses.replace(decisions[low], gain=None, seeds_for_80=None, label="inconclusive",
+                                    reason="an interval holds 0")
 
 
 def v3_labels(records: list[dict], setting: str) -> dict[str, _v3.Relabelled]:
@@ -679,8 +681,8 @@ def v3_labels(records: list[dict], setting: str) -> dict[str, _v3.Relabelled]:
     gains = {"AdaFed": PAPER_GAIN_ADAFED, "Unbiased": PAPER_GAIN_UNBIASED}
     out = _v3.relabel({m: (finals["CA-Fed"], finals[m], gains.get(m)) for m in METHODS if m != "CA-Fed"},
                       len(SEEDS_BY_PROTOCOL["v2"]))
-    c2 = _v3.Relabelled(_best_of({m: r.raw for m, r in out.items()}),
-                        _best_of({m: r.adjusted for m, r in out.items()}), len(out))
+    c2 = _v3.Relabelled(_best_of({m: r.raw for m, r in out.items()})[1],
+                        _best_of({m: r.adjusted for m, r in out.items()})[1], len(out))
     return {"C1": out["AdaFed"], "C2": c2, "C3": out["Unbiased"]}
 
 
@@ -794,23 +796,28 @@ def v3_decisions(records: list[dict], protocol: str = "v3",
     return decided, raw
 
 
-def _best_of_v3(decisions: dict[str, Decision]) -> Decision:
+def _best_of_v3(decisions: dict[str, Decision]) -> tuple[str, Decision]:
     """C2 under protocol v3: no verdict while any comparison has none (pending first, then not converged, then lr
-    at grid edge, each the comparison with the fewest seeds); else :func:`_best_of`."""
+    at grid edge, each the comparison with the fewest seeds); else :func:`_best_of`. Returns, as it does, the X
+    of the comparison that settles C2 and C2's decision."""
     for label in ("pending", "not converged", "lr at grid edge"):
-        hit = [d for d in decisions.values() if d.label == label]
+        hit = [x for x, d in decisions.items() if d.label == label]
         if hit:
-            return min(hit, key=lambda d: d.n)
+            x = min(hit, key=lambda x: decisions[x].n)
+            return x, decisions[x]
     return _best_of(decisions)
 
 
-def v3_claims(decided: dict[str, Decision], raw: dict[str, Decision]) -> dict[str, tuple[Decision, Decision | None]]:
-    """``{claim: (decided, raw)}`` from :func:`v3_decisions`' ``(decided, raw)``: C1 (CA-Fed - AdaFed), C2 (best of
-    five; no raw; only when all four other methods were compared, so not in v5) and C3 (CA-Fed - Unbiased)."""
-    claims = {"C1": (decided["AdaFed"], raw["AdaFed"])}
+def v3_claims(decided: dict[str, Decision],
+              raw: dict[str, Decision]) -> dict[str, tuple[Decision, Decision | None, str]]:
+    """``{claim: (decided, raw, X)}`` from :func:`v3_decisions`' ``(decided, raw)``, X the method of the comparison
+    CA-Fed − X the claim is decided on: C1 (AdaFed), C2 (best of five: the comparison that settles it; no raw; only
+    when all four other methods were compared, so not in v5) and C3 (Unbiased)."""
+    claims = {"C1": (decided["AdaFed"], raw["AdaFed"], "AdaFed")}
     if set(decided) == set(METHODS) - {"CA-Fed"}:
-        claims["C2"] = (_best_of_v3(decided), None)
-    claims["C3"] = (decided["Unbiased"], raw["Unbiased"])
+        versus, c2 = _best_of_v3(decided)
+        claims["C2"] = (c2, None, versus)
+    claims["C3"] = (decided["Unbiased"], raw["Unbiased"], "Unbiased")
     return claims
 
 
@@ -953,11 +960,10 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
     later = RELABELLED_BY.get(protocol)
     relabelled = v3_claims(*v3_decisions(records, protocol, check="interval")) if later else {}
     claim_rows, summaries = [], []
-    for k, (decided, raw) in claims.items():
+    for k, (decided, raw, versus) in claims.items():
         holm = _pp(decided)
         if k == "C2" and decided.n >= 2:  # the comparison that settles C2 (see _best_of_v3)
-            which = [m for m, d in decided_by.items() if (d.n, d.lo, d.hi) == (decided.n, decided.lo, decided.hi)]
-            holm = f"CA-Fed − {which[0]}: {holm}" if which else holm
+            holm = f"CA-Fed − {versus}: {holm}"
         label = (decided.text() if decided.final or decided.label == "pending"
                  else f"{decided.text()}: {decided.reason}")
         verdict = decided.text()
