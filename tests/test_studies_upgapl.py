@@ -114,7 +114,7 @@ def test_a_v2_page_with_records_labels_u2_and_keeps_the_estimate(tmp_path):
     # the page keeps the label v2 registered beside it, saying what the interval excludes (never a bare
     # "not testable")
     page = (tmp_path / "upgapl.md").read_text()
-    assert "not testable here (registered v2 rule: needs " in page
+    assert "not testable here (registered v2 rule, needs " in page
     assert "the interval excludes 0: see the v3 label" in page
     assert all(s.verdict.endswith("(v2 records, v3 rule)") for s in summaries if s.claim.startswith("v2, "))
 

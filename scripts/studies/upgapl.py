@@ -35,6 +35,7 @@ from lightning_fedhet.experiments import (
     band,
     by_seed,
     compute_used,
+    decide,
     decide_paired,
     decide_within,
     family_intervals,
@@ -359,14 +360,12 @@ def _setting_section(recs: list[dict], protocol: str, setting: str, n_seeds: int
         verdicts["U3"] = (f"UDMA-PL {fmt_ci(*acc)} %; oscillation − UPGA-PL's "
                           + fmt_ci(*od[:3], unit=" pp") + f", {od[3]} seeds",
                           pending or _verdict_udmapl(acc[0], od))
-    compared = {"U1": "DMA-PL", "U2": "FedAvg (lossless)"}
+    compared = {"U1": ("DMA-PL", PAPER_GAIN), "U2": ("FedAvg (lossless)", None)}
     for claim, ruled_out in (not_testable or {}).items():
-        if claim in verdicts:
-            _, lo, hi, _ = diffs[compared[claim]]
-            if lo > 0 or hi < 0:  # a resolved sign is never "not testable": say what the interval excludes
-                ruled_out = (f"not testable here (registered v2 rule: {ruled_out[ruled_out.find('(') + 1:-1]}; the "
-                             "interval excludes 0: see the v3 label below)")
-            verdicts[claim] = (verdicts[claim][0], ruled_out)
+        if claim in verdicts:  # the registered label, never a bare "not testable" where the interval excludes 0 or g
+            other, gain = compared[claim]
+            _, lo, hi, n = diffs[other]
+            verdicts[claim] = (verdicts[claim][0], _v3.registered(ruled_out, decide(lo, hi, gain, n, n_seeds)))
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, f"**{v}**") for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule):\n",
              markdown_table(("claim", "paper", "ours (mean [95 % CI])", "verdict"), claim_rows)]
