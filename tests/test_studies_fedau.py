@@ -70,11 +70,16 @@ def test_v2_stacked_seeds_on_the_cpu_give_each_seed_its_record_fields():
             fedau.run_seeds(cell, [0])
 
 
-def _v2_record(pattern: str, method: str, seed: int, acc: float) -> dict:
-    # the metric window (last 200 of 2,000 rounds) holds two evaluations, both `acc`
-    return {"protocol": "v2", "setting": pattern, "method": method, "seed": seed,
-            "metrics": {"round": [1000, 1900, 2000], "val_acc": [0.1, acc, acc]},
-            "config": {"rounds": 2000, "metric_window_rounds": 200}}
+def _v2_record(pattern: str, method: str, seed: int, acc: float, rise: float = 0.0) -> dict:
+    # the metric window (last 200 of 2,000 rounds) holds two evaluations, both `acc`; the convergence check's
+    # windows are rounds 1601-1800 (the evaluation at 1700: `acc - rise`) and 1801-2000 (mean `acc`), so each run's
+    # tail change is `rise`
+    return {"protocol": "v2", "setting": pattern, "method": method, "seed": seed, "commit": "abc1234",
+            "engine": "vmap", "device": "cpu", "torch": "2", "cpu_s": 1.0, "wall_s": 1.0,
+            "metrics": {"round": [1000, 1700, 1900, 2000], "val_acc": [0.1, acc - rise, acc, acc],
+                        "received": [25, 25, 25, 25]},
+            "config": {**next(c.config for c in fedau.CELLS if (c.setting, c.method) == (pattern, method)),
+                       "p_at_floor": 100}}
 
 
 def test_v2_claims_under_the_v3_rule_are_pending_until_every_planned_seed_is_in():
@@ -93,3 +98,41 @@ def test_v2_claims_under_the_v3_rule_are_pending_until_every_planned_seed_is_in(
     assert (d.lo, d.hi) == pytest.approx((-0.02377, -0.01623), abs=2e-5)
     assert out[("cyclic", "MIFA")].index_text() == "pending (0/10 seeds) (v2 records, v3 rule)"
     assert fedau.v3_labels(records[:-2])[("bernoulli", "Average participating")].raw.text() == "pending (9/10 seeds)"
+
+
+def _bernoulli_minus_2pp(rise_of_fedau) -> list[dict]:
+    # as above: FedAU - Average participating = -2 pp +- 0.5 pp, opposite sign by its interval; FedAU's runs rise
+    # by rise_of_fedau(seed) over the convergence check's windows, Average participating's do not move
+    return [r for seed in range(10) for r in (
+        _v2_record("bernoulli", "FedAU (K=50)", seed, 0.78 + 0.005 * (1 if seed % 2 else -1), rise_of_fedau(seed)),
+        _v2_record("bernoulli", "Average participating", seed, 0.80))]
+
+
+def test_a_v2_cell_whose_drift_is_resolved_beyond_half_a_point_gets_no_verdict(tmp_path):
+    # rises 0.8 / 1.2 pp alternating: mean 1 pp, sd 0.2 sqrt(10/9) = 0.2108 pp, half-width 2.262157 x 0.2108 /
+    # sqrt(10) = 0.151 pp: [0.85, 1.15] lies wholly beyond +0.5 pp -> not converged, whatever the interval says
+    records = _bernoulli_minus_2pp(lambda s: 0.01 + 0.002 * (1 if s % 2 else -1))
+    drift = fedau.cell_drift(records, "bernoulli", "FedAU (K=50)")
+    assert (drift.mean, drift.lo, drift.hi) == pytest.approx((0.01, 0.00849, 0.01151), abs=2e-5)
+    assert drift.state == "not converged"
+    out = fedau.v3_labels(records)[("bernoulli", "Average participating")]
+    assert out.raw.label == "not converged" and out.adjusted.label == "not converged"
+    assert out.index_text() == "not converged (v2 records, v3 rule)"
+    fedau.write_report(records, tmp_path)
+    page = (tmp_path / "fedau.md").read_text()
+    assert "| 1.00 pp [0.85, 1.15] (not converged) |" in page
+    assert "| 0.00 pp [0.00, 0.00] (converged) |" in page  # Average participating does not move
+
+
+def test_an_unresolved_drift_keeps_the_verdict_and_a_quiet_cell_is_converged():
+    # rises -1 / +2 pp alternating: mean 0.5 pp, sd 1.5 sqrt(10/9) = 1.581 pp, half-width 1.131 pp: [-0.63, 1.63]
+    # reaches past both ends of +-0.5 pp -> drift not resolved, which withholds nothing: opposite sign stands
+    records = _bernoulli_minus_2pp(lambda s: 0.02 if s % 2 else -0.01)
+    drift = fedau.cell_drift(records, "bernoulli", "FedAU (K=50)")
+    assert (drift.lo, drift.hi) == pytest.approx((-0.00631, 0.01631), abs=2e-5)
+    assert drift.state == "drift not resolved"
+    assert fedau.v3_labels(records)[("bernoulli", "Average participating")].raw.label == "opposite sign"
+    # a rise of 0.4 pp on every seed: within +-0.5 pp -> converged (the bound is 0.5 pp, not 0.3)
+    quiet = _bernoulli_minus_2pp(lambda s: 0.004)
+    assert fedau.cell_drift(quiet, "bernoulli", "FedAU (K=50)").state == "converged"
+    assert fedau.cell_drift(quiet, "cyclic", "MIFA") is None
