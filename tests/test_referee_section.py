@@ -79,6 +79,23 @@ def test_an_accuracy_record_with_one_interval_per_setting_shows_each_with_its_la
             "beta=0.8 -3.1 pp [-5.2, -1.0] over 5 seeds each") in page
 
 
+def test_an_accuracy_record_of_several_settings_shows_each_codes_contrast_with_the_first(tmp_path):
+    # theirs: beta 0.8 - beta 0 = +1, 0, +2 pp over seeds 0-2: mean 1.0, sd 1.0, half-width t_{0.975,2} / sqrt(3)
+    # = 4.303 / 1.732 = 2.48 -> [-1.5, 3.5]; ours: 0 on every seed; theirs - ours paired: theirs' numbers again
+    accuracy = {"0": {"authors": {"0": 0.60, "1": 0.62, "2": 0.64}, "library": {"0": 0.6, "1": 0.6, "2": 0.6}},
+                "0.8": {"authors": {"0": 0.61, "1": 0.62, "2": 0.66}, "library": {"0": 0.6, "1": 0.6, "2": 0.6}}}
+    differences = [{"label": f"beta={b}", "mean": 0.0, "low": -0.01, "high": 0.01, "seeds": 3} for b in (0, 0.8)]
+    write(tmp_path, "acc", {**WEIGHTS, "kind": "accuracy", "cases": 6, "agree": True, "max_abs_diff": None,
+                            "tolerance": None, "differences": differences, "accuracy": accuracy})
+    page = "\n".join(section(tmp_path, "toy"))
+    assert "The contrast with beta=0 within each code" in page
+    assert "| beta=0.8 − beta=0 | 1.0 pp [-1.5, 3.5] | 0.0 pp [0.0, 0.0] | 1.0 pp [-1.5, 3.5] | 3 |" in page
+    # one setting (theirs and ours per seed, as FedAU's record): no contrast table
+    write(tmp_path, "acc", {**WEIGHTS, "kind": "accuracy", "cases": 3, "agree": True, "max_abs_diff": None,
+                            "tolerance": None, "accuracy": accuracy["0"]})
+    assert "The contrast with" not in "\n".join(section(tmp_path, "toy"))
+
+
 def test_report_appends_the_section_to_every_page_and_referee_records_are_not_run_records(tmp_path):
     def run(cell, seed):
         return {"metrics": {"acc": [0.5]}, "engine": "none"}

@@ -103,8 +103,39 @@ def section(root: Path, study: str) -> list[str]:
             lines += _table(r["table"]) + [""]
         if r.get("notes"):
             lines += [f"- {n}" for n in r["notes"]] + [""]
+        lines += contrasts(r)
         lines += ["```bash", r["command"], "```\n"]
     return lines
+
+
+def contrasts(r: dict) -> list[str]:
+    """For an accuracy record of several settings (``accuracy``: ``{setting: {"authors": {seed: acc}, "library":
+    {seed: acc}}}``, the first setting the baseline), each other setting's contrast with the baseline within each
+    code, over the seeds, and theirs − ours of that contrast paired over the seeds: whether the two codes agree on
+    the effect a claim is about, not only on the level. Lines of a table; none for a record of one setting."""
+    from lightning_fedhet.experiments import fmt_ci, mean_ci, paired
+
+    acc = r.get("accuracy") or {}
+    if len(acc) < 2 or not all(isinstance(v, dict) and {"authors", "library"} <= set(v) for v in acc.values()):
+        return []
+    names = [d["label"] for d in r.get("differences") or []]
+    names = names if len(names) == len(acc) else list(acc)
+    (base, *others), (base_name, *other_names) = list(acc), names
+
+    def contrast(code: str, setting: str) -> dict[int, float]:
+        a, b = acc[setting][code], acc[base][code]
+        return {int(s): a[s] - b[s] for s in sorted(a, key=int) if s in b}
+
+    rows = []
+    for setting, name in zip(others, other_names):
+        theirs, ours = contrast("authors", setting), contrast("library", setting)
+        mean, lo, hi, n = paired(theirs, ours)
+        rows.append([f"{name} − {base_name}", fmt_ci(*mean_ci(list(theirs.values())), unit=" pp"),
+                     fmt_ci(*mean_ci(list(ours.values())), unit=" pp"), fmt_ci(mean, lo, hi, unit=" pp"), n])
+    return [f"The contrast with {base_name} within each code (mean [95 % CI] over seeds; theirs − ours paired over "
+            "the seeds):\n",
+            *_table({"header": ["contrast", "authors' code", "library", "theirs − ours", "seeds"], "rows": rows}),
+            ""]
 
 
 def _seeds(seeds: list[int]) -> str:
