@@ -63,6 +63,8 @@ MODULES = ("aggregator", "client", "client_sampler", "activity_simulator", "hist
 FILES = ["aggregator.py", "client.py", "client_sampler.py", "activity_simulator.py", "history_tracker.py",
          "learners/learner.py", "utils/optim.py", "utils/torch_utils.py"]
 BETAS = (0.0, 0.2, 0.5, 0.8, 1.0)
+#: their server optimiser's weight decay as released (utils/utils.py, get_optimizer("history"))
+RELEASED_SERVER_WEIGHT_DECAY = 5e-4
 
 
 class _Flat(torch.nn.Module):
@@ -347,7 +349,8 @@ def compare_accuracy(authors: Path, seeds, betas, c: dict, log_dir: Path) -> dic
             t0 = time.process_time()
             run = run_authors_training(authors, flags, evaluated, c.get("authors_server_weight_decay"))
             cpu["authors"] += time.process_time() - t0
-            wanted = 5e-4 if c.get("authors_server_weight_decay") is None else c["authors_server_weight_decay"]
+            wanted = c.get("authors_server_weight_decay")
+            wanted = RELEASED_SERVER_WEIGHT_DECAY if wanted is None else wanted
             if run["server_weight_decay"] != wanted:
                 raise AssertionError(f"their server optimiser ran with weight decay {run['server_weight_decay']}, "
                                      f"not {wanted}")
@@ -402,7 +405,8 @@ def weights_record(args: argparse.Namespace) -> None:
                     ours = run_library(beta, n, dim, theirs["trace"], theirs["p_sampler"], alpha, lr, updates)
                     diffs.append(max(float(np.abs(a - b).max()) for a, b in zip(theirs["w"], ours)))
                     mismatched[n] = int((theirs["p_sampler"] != theirs["p_simulator"]).sum())
-                    released = run_authors(mods, beta, 5e-4, n, args.rounds, dim, probs, lr, seed, updates)
+                    released = run_authors(mods, beta, RELEASED_SERVER_WEIGHT_DECAY, n, args.rounds, dim, probs, lr,
+                                           seed, updates)
                     wd_effect = max(wd_effect, max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
                                                    for a, b in zip(released["w"], theirs["w"])))
                     cases += args.rounds
