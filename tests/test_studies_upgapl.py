@@ -104,7 +104,9 @@ def test_a_v2_page_with_records_labels_u2_and_keeps_the_estimate(tmp_path):
     records = [_record("constant", m, s, 0.9 + (0.05 * (-1) ** s if m == "UPGA-PL" else 0.0))
                for m in upgapl.METHODS for s in range(10)]
     for r in [_record("thesis-grid", m, s, 0.9 - 0.02 * (m == "UPGA-PL")) for m in upgapl.METHODS for s in range(10)]:
-        records.append({**r, "protocol": "v2"})
+        # 1e-2: inside the thesis's grid (v2's picks), so the v3 rule's grid check passes; the curves are flat at
+        # the end (the convergence check passes)
+        records.append({**r, "protocol": "v2", "config": {**r["config"], "lr": 1e-2}})
     summaries = upgapl.write_report(records, tmp_path)
     u2 = next(s for s in summaries if s.claim.startswith("v2, U2"))
     # the index gives the v3 label of v2's records, marked: UPGA-PL 2 pp below lossless on every seed lies wholly
@@ -118,6 +120,35 @@ def test_a_v2_page_with_records_labels_u2_and_keeps_the_estimate(tmp_path):
     assert "the interval excludes 0: see the v3 label" in page
     assert all(s.verdict.endswith("(v2 records, v3 rule)") for s in summaries if s.claim.startswith("v2, "))
 
+
+
+def test_v2_records_under_the_v3_rule_are_held_to_its_convergence_and_grid_checks(tmp_path):
+    """v2's picks (0.1 for every rule, as recorded) sit at the top of the thesis's grid {1e-3, ..., 1e-1}: no claim
+    gets a verdict ("lr at grid edge"). With every pick at 1e-2 (interior) and UPGA-PL's curve 1.5 pp higher over
+    rounds 185-200 than over rounds 165-180 (tail change +1.5 pp against v3's 1 pp bound), U1, U2 and U3 (each has
+    UPGA-PL in it) are "not converged"; at +0.5 pp they get verdicts."""
+    def records(lr: float, late: float) -> list[dict]:
+        out = []
+        for m in upgapl.METHODS:
+            for s in range(10):
+                r = _record("thesis-grid", m, s, 0.9 - 0.02 * (m == "UPGA-PL"))
+                if m == "UPGA-PL":  # evaluations every 5 rounds: rounds 185-200 are the last 4
+                    r["metrics"]["val_acc"] = r["metrics"]["val_acc"][:-4] + [v + late for v in
+                                                                           r["metrics"]["val_acc"][-4:]]
+                out.append({**r, "protocol": "v2", "config": {**r["config"], "lr": lr}})
+        return out
+
+    def verdicts(recs: list[dict]) -> dict[str, str]:
+        return {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(recs, tmp_path)
+                if s.claim.startswith("v2, ")}
+
+    assert set(verdicts(records(0.1, 0.0)).values()) == {"lr at grid edge (v2 records, v3 rule)"}
+    assert set(verdicts(records(1e-2, 0.015)).values()) == {"not converged (v2 records, v3 rule)"}
+    settled = verdicts(records(1e-2, 0.005))
+    assert "not converged (v2 records, v3 rule)" not in settled.values()
+    assert settled["v2, U2"] == "not reproduced (v2 records, v3 rule)"
+    page = (tmp_path / "upgapl.md").read_text()
+    assert "| UPGA-PL | 0.01 | interior | +0.50 pp | yes (< 1 pp) |" in page
 
 def test_v3_picks_sit_inside_their_extended_grid_on_fresh_seeds():
     # protocol v3: the grid extended upwards to 10^0.5 so that no pick is at an edge; seeds 20-31 (none of v1/v2's 0-9

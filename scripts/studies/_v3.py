@@ -45,17 +45,23 @@ class Relabelled:
 
 
 def relabel(claims: Mapping[K, tuple[Mapping[int, float], Mapping[int, float], float | None]], planned: int,
-            level: float = 0.95, converged: Mapping[K, bool] | None = None) -> dict[K, Relabelled]:
+            level: float = 0.95, converged: Mapping[K, bool] | None = None,
+            lr_interior: Mapping[K, bool] | None = None) -> dict[K, Relabelled]:
     """The v3 labels of a page's v2 claims, ``{key: (a, b, gain)}`` with ``a, b`` per-seed values of the claim's
     method and baseline (higher is the claim's direction) and ``gain`` the paper's effect in the same units
     (``None``: direction only); ``planned``: the v2 protocol's seeds; ``converged``: per claim, whether both of its
-    cells pass the page's convergence check (absent: passes). The family is every claim given."""
+    cells pass the page's convergence check; ``lr_interior``: whether both cells' learning rates sit inside their
+    grid (absent: passes). The family is every claim given."""
     diffs = {k: [a[s] - b[s] for s in sorted(set(a) & set(b))] for k, (a, b, _) in claims.items()}
     adjusted = family_intervals(diffs, level, ADJUST)
-    ok = converged or {}
-    return {k: Relabelled(decide_paired(a, b, gain, planned, level=level, converged=ok.get(k, True)),
-                          decide_paired(a, b, gain, planned, level=level, interval=adjusted[k][1:],
-                                        converged=ok.get(k, True)), len(claims))
+    ok, inside = converged or {}, lr_interior or {}
+
+    def checks(k: K) -> dict[str, bool]:
+        return {"converged": ok.get(k, True), "lr_interior": inside.get(k, True)}
+
+    return {k: Relabelled(decide_paired(a, b, gain, planned, level=level, **checks(k)),
+                          decide_paired(a, b, gain, planned, level=level, interval=adjusted[k][1:], **checks(k)),
+                          len(claims))
             for k, (a, b, gain) in claims.items()}
 
 

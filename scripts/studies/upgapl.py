@@ -403,10 +403,18 @@ def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str]
     finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
     osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
     planned = len(SEEDS_BY_PROTOCOL["v2"])
+    # the v3 rule's checks on v2's cells: v3's convergence check (its bounds) and the pick's place in v2's grid
+    checks = {m: _cell_checks(recs, m, grid=THESIS_GRID) for m in methods}
+    members = {"U1": ("UPGA-PL", "DMA-PL"), "U2": ("UPGA-PL", "FedAvg (lossless)"),
+               "U3 (oscillation)": ("UDMA-PL", "UPGA-PL")}
+    converged = {k: all(checks[m][1] for m in ms) for k, ms in members.items()}
+    interior = {k: all(checks[m][2] == "interior" for m in ms) for k, ms in members.items()}
     r = _v3.relabel({"U1": (finals["UPGA-PL"], finals["DMA-PL"], PAPER_GAIN),
-                     "U3 (oscillation)": (osc["UDMA-PL"], osc["UPGA-PL"], None)}, planned)
+                     "U3 (oscillation)": (osc["UDMA-PL"], osc["UPGA-PL"], None)}, planned,
+                    converged=converged, lr_interior=interior)
     mean, lo, hi, n = paired(finals["UPGA-PL"], finals["FedAvg (lossless)"])
-    u2 = decide_within(lo, hi, NEAR_MARGIN, n, planned, mean=mean)
+    u2 = decide_within(lo, hi, NEAR_MARGIN, n, planned, mean=mean, converged=converged["U2"],
+                       lr_interior=interior["U2"])
     rows = [("U1: UPGA-PL − DMA-PL", _fmt_pp(r["U1"].raw.mean, r["U1"].raw.lo, r["U1"].raw.hi),
              _v3.registered(registered.get("U1", ""), r["U1"].raw), *_v3.cells(r["U1"], _fmt_pp)),
             ("U2: UPGA-PL − lossless, within ±1 pp", _fmt_pp(mean, lo, hi),
@@ -414,23 +422,36 @@ def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str]
             ("U3: oscillation, UDMA-PL − UPGA-PL", _fmt_pp(r["U3 (oscillation)"].raw.mean,
                                                          r["U3 (oscillation)"].raw.lo, r["U3 (oscillation)"].raw.hi),
              registered.get("U3", ""), *_v3.cells(r["U3 (oscillation)"], _fmt_pp))]
+    crows = [(m, f"{recs_lr(recs, m):g}", checks[m][2], f"{100 * checks[m][0]:+.2f} pp",
+              ("yes" if checks[m][1] else "**no**") + f" (< {100 * CONVERGENCE_BOUNDS[m]:g} pp)") for m in methods]
     lines = [_v3.note(2, "U1 and U3's oscillation difference; U2 is an equivalence claim, labelled by "
                          "`decide_within` on its raw interval: inside ±1 pp reproduced, wholly outside not reproduced, "
                          "else inconclusive"),
+             "The v3 rule gives a verdict only to a converged cell tuned inside its grid, so v2's cells are held to "
+             "protocol v3's checks (applied after v2's and v3's results had been seen): the seed-mean accuracy's "
+             "change over the last 20 % of rounds below v3's bound, and the step size's place in v2's grid (the "
+             "thesis's, {1e-3, ..., 1e-1}):\n",
+             markdown_table(("rule", "eta_0", "place in v2's grid", "change over the last 20 % of rounds (seed-mean "
+                             "curve)", "converged (v3's bound)"), crows), "",
              markdown_table(("claim", "ours (raw 95 % CI)", "v2 label (registered rule)", *_v3.HEADER), rows), ""]
     index = {"U1": r["U1"].index_text(), "U2": u2.text() + _v3.MARK, "U3": r["U3 (oscillation)"].index_text()}
     return lines, index
 
 
-def _cell_checks(recs: list[dict], method: str) -> tuple[float, bool, str]:
+def recs_lr(recs: list[dict], method: str) -> float:
+    """The step size (eta_0) ``method``'s runs in ``recs`` used."""
+    return next(r["config"]["lr"] for r in recs if r["method"] == method)
+
+
+def _cell_checks(recs: list[dict], method: str, grid: tuple[float, ...] | None = None) -> tuple[float, bool, str]:
     """A v3 cell's convergence check (``tail_change`` of its seed-mean curve, and whether it is below the bound) and
-    its learning rate's place in the grid."""
+    its learning rate's place in the grid (``grid``, else the one its records name)."""
     runs = [r for r in recs if r["method"] == method]
     rounds = runs[0]["metrics"]["round"]
     curve = np.mean([r["metrics"]["val_acc"] for r in runs], axis=0)
     change = tail_change(rounds, curve)
     cfg = runs[0]["config"]
-    return change, abs(change) < CONVERGENCE_BOUNDS[method], grid_place(cfg["lr"], cfg["lr_grid"])
+    return change, abs(change) < CONVERGENCE_BOUNDS[method], grid_place(cfg["lr"], grid or cfg["lr_grid"])
 
 
 def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list[Summary]]:
