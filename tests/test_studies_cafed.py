@@ -205,6 +205,26 @@ def test_best_of_five_under_the_v3_rule():
     assert pending[0] == "B" and pending[1].text() == "pending (3/20 seeds)"
 
 
+
+def test_c2_as_a_conjunction_is_settled_by_one_checked_comparison_against_ca_fed():
+    """The registered reading withholds C2 while any comparison has no verdict; read as "CA-Fed beats every X", a
+    comparison resolved below 0 with its cells checked settles it against CA-Fed (the lowest upper end names it);
+    a comparison below 0 whose cells fail a check does not, and with no settled conjunct the registered reading
+    stands."""
+    from lightning_fedhet.experiments import decide
+
+    down = decide(-0.03, -0.01, None, 20, 20)
+    lower = decide(-0.05, -0.02, None, 20, 20)
+    edge = decide(-0.01, 0.03, None, 20, 20, lr_interior=False)
+    unchecked_down = decide(-0.06, -0.04, None, 20, 20, converged=False)
+    pending = decide(0.01, 0.03, None, 3, 20)
+    assert cafed._best_of_v3({"A": down, "B": edge})[1].label == "lr at grid edge"
+    versus, c2 = cafed._best_of_conjunction({"A": down, "B": edge, "C": pending, "D": lower})
+    assert (versus, c2.label, c2.hi) == ("D", "opposite sign", -0.02) and c2.gain is None
+    assert cafed._best_of_conjunction({"A": unchecked_down, "B": edge}) == cafed._best_of_v3(
+        {"A": unchecked_down, "B": edge})
+    assert cafed._best_of_conjunction({"A": unchecked_down, "B": edge})[1].label == "not converged"
+
 # ------------------------------------------------------------------------------------------------------ protocol v3
 def test_v4_cells_are_v3s_on_the_vmap_engine_with_v3s_seeds():
     assert cafed.SEEDS_BY_PROTOCOL["v4"] == cafed.SEEDS_BY_PROTOCOL["v3"]
