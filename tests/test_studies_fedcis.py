@@ -102,9 +102,9 @@ def test_v3_cells_and_plans_follow_the_protocol():
     sizes = {cid: (plan[0], len(plan)) for cid, plan in fedcis.PLAN.items()}
     assert sizes == {"R1": (0, 10), "R2": (0, 12), "R3": (0, 20), "R4": (0, 20), "R5": (0, 20), "R6": (0, 20),
                      "C1": (10, 15), "C2": (10, 13), "C3": (10, 12), "C4": (10, 15)}
-    assert set().union(*map(set, fedcis.PLAN.values())) == set(fedcis.SEEDS)
-    assert len(fedcis.CELLS) == 20 and fedcis.CELLS[0].setting == "80-15-5, heads not aggregated"
-    for cell in fedcis.CELLS:
+    assert set().union(*map(set, fedcis.PLAN.values())) == set(fedcis.SEEDS_V3)
+    assert len(fedcis.CELLS_V3) == 20 and fedcis.CELLS_V3[0].setting == "80-15-5, heads not aggregated"
+    for cell in fedcis.CELLS_V3:
         c = cell.config
         assert c["aggregate_heads"] == cell.setting.endswith(", heads aggregated")
         assert c["aggregation_base"] == "root_local" and c["eval_every"] == 2 and c["rounds"] == 20
@@ -127,9 +127,9 @@ def test_heads_not_aggregated_marks_exactly_the_heads():
 
 
 def test_a_v3_cell_runs_two_rounds_on_a_tiny_stand_in():
-    config = {**fedcis.CELLS[0].config, "base_width": 4, "rounds": 2, "eval_every": 1, "local_steps": 1,
+    config = {**fedcis.CELLS_V3[0].config, "base_width": 4, "rounds": 2, "eval_every": 1, "local_steps": 1,
               "batch_size": 8, "train_size": 140, "test_size": 40, "synthetic_data": True}
-    out = fedcis.run_cell(Cell(fedcis.CELLS[0].setting, "Serving Rate", config), seed=0)
+    out = fedcis.run_cell(Cell(fedcis.CELLS_V3[0].setting, "Serving Rate", config), seed=0)
     assert out["metrics"]["round"] == [1, 2] and out["config"]["lambda_tilde"] == [0.8, 0.15, 0.05]
 
 
@@ -224,3 +224,100 @@ def test_v3_ablation_pairs_v2_records_with_the_released_code_runs():
     assert "| 6.0 pp [6.0, 6.0] | 2.0 pp [1.2, 2.8] | 4.0 pp [3.2, 4.8] |" in row
     assert row.endswith("aggregating the heads adds to the gain |")
     assert len(summaries) == 10
+
+
+# ------------------------------------------------------------------------------------------------------ protocol v4
+def test_v4_runs_both_settings_of_the_columns_that_failed_at_40_rounds_on_fresh_seeds():
+    # protocol v4: v3's registered fallback, both settings of each column whose v3 cell failed the check, 40 rounds
+    assert fedcis.PROTOCOL == "v4" and fedcis.CELLS == fedcis.CELLS_V4
+    assert {(col, heads) for _, col, heads in fedcis.CLAIMS_V4} == {
+        (col, heads) for col in fedcis.COLUMNS_V4 for heads in fedcis.HEADS}
+    assert [cid for cid, _, _ in fedcis.CLAIMS_V4] == [cid + "L" for cid, col, _ in fedcis.CLAIMS_V3
+                                                        if col in fedcis.COLUMNS_V4]
+    assert set(fedcis.PLAN_V4) == {cid for cid, _, _ in fedcis.CLAIMS_V4}
+    v4_seeds = set().union(*map(set, fedcis.PLAN_V4.values()))
+    assert v4_seeds == set(fedcis.SEEDS_V4) and not v4_seeds & set(fedcis.SEEDS_V3)  # fresh
+    assert all(10 <= len(plan) <= 20 for plan in fedcis.PLAN_V4.values())
+    # the protocol's table: the columns whose v3 heads-aggregated cells (C2, C3, C4) failed the check
+    assert fedcis.COLUMNS_V4 == ("20-35-45", "10-30-60", "5-15-80")
+    assert {cid: len(plan) for cid, plan in fedcis.PLAN_V4.items()} == {
+        "R4L": 20, "R5L": 20, "R6L": 16, "C2L": 10, "C3L": 10, "C4L": 10}
+    assert len(fedcis.CELLS_V4) == 2 * len(fedcis.CLAIMS_V4)
+    # the heads-aggregated cells (whose v3 checks failed) run first
+    assert fedcis.CELLS_V4[0].setting.endswith("heads aggregated, 40 rounds")
+    for cell in fedcis.CELLS_V4:
+        c = cell.config
+        assert c["rounds"] == 40 and c["eval_every"] == 2 and cell.setting.endswith(", 40 rounds")
+        assert c["aggregate_heads"] == (", heads aggregated," in cell.setting)
+        # v3's setting but for the horizon
+        assert {k: v for k, v in c.items() if k not in ("rounds", "aggregate_heads", "serving")} == \
+            {k: v for k, v in fedcis.BASE_V3.items() if k not in ("rounds", "serving")}
+    # the canary stays v3's first cell (its committed record)
+    assert fedcis.CANARY.setting == fedcis.CELLS_V3[0].setting and fedcis.CANARY.config["rounds"] == 2
+
+
+def _v4_record(setting: str, method: str, seed: int, final: float, late: float = 0.0) -> dict:
+    # evaluations every 2 rounds up to 40; flat at `final` but rounds 34 and 36 at `final - late`
+    curve = [final] * 20
+    curve[16] = curve[17] = final - late
+    return {"protocol": "v4", "setting": setting, "method": method, "seed": seed,
+            "metrics": {"round": list(range(2, 41, 2)), **{k: list(curve) for k in fedcis.KEYS}},
+            "config": {"lambda_tilde": [1 / 3] * 3}}
+
+
+def test_v4_claim_decided_on_holm_over_its_family_with_the_check_over_rounds_34_to_40():
+    """C3L (10-30-60, heads aggregated): Serving Rate - Equal Weight = -3 pp +- 0.5 pp alternating over its planned
+    seeds, sd = 0.5 sqrt(n/(n-1)) pp. The other five claims have no record, so Holm's first step puts C3L at
+    1 - 0.05/6 = 0.991667. With n = 10: sd = 0.52705 pp, t_{0.995833, 9} = 3.36420 (scipy), half-width
+    3.36420 x 0.52705 / sqrt(10) = 0.56070 pp: [-3.56, -2.44] below 0, opposite sign. Equal Weight's rounds 34-36
+    0.6 pp below its rounds 38-40: |tail_change| = 0.6 pp >= 0.5 pp, not converged; at 0.4 pp it passes."""
+    plan = fedcis.PLAN_V4["C3L"]
+    assert len(plan) == 10  # the hand computation's n
+
+    def records(late: float) -> list[dict]:
+        out = []
+        for k, seed in enumerate(plan):
+            d = -0.03 + 0.005 * (1 if k % 2 else -1)
+            out += [_v4_record("10-30-60, heads aggregated, 40 rounds", "Serving Rate", seed, 0.75 + d),
+                    _v4_record("10-30-60, heads aggregated, 40 rounds", "Equal Weight", seed, 0.75, late)]
+        return out
+
+    c3 = fedcis._v4_claims(records(0.004))["C3L"]
+    assert c3["holm"][1] == pytest.approx(-0.03 - 0.0056070, abs=1e-6)
+    assert c3["holm"][2] == pytest.approx(-0.03 + 0.0056070, abs=1e-6)
+    assert c3["tails"]["Equal Weight"] == pytest.approx(0.004) and c3["decision"].label == "opposite sign"
+    assert fedcis._v4_claims(records(0.006))["C3L"]["decision"].label == "not converged"
+    # the page: v4's label beside v3's label of the same cell at 20 rounds
+    from lightning_fedhet.experiments import new_figure
+
+    fig, axes = new_figure()
+    lines, summaries = fedcis._v4_section(records(0.004), [], axes[0])
+    row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| C3L |"))
+    assert "**opposite sign**" in row and row.endswith("| pending (0/12 seeds) |")
+    assert any(s.verdict == "opposite sign" and "C3L" in s.claim for s in summaries)
+
+
+def test_v4_futility_stop_ends_a_heads_not_aggregated_cell_whose_drift_is_resolved(monkeypatch):
+    """R5L (10-30-60, heads not aggregated, 20 planned): Equal Weight's rounds 34-36 sit 1 pp below its rounds 38-40
+    in every run, so each run's tail change is +1 pp and drift_check's interval is [1, 1] pp, beyond ±0.5 pp. At 10
+    seeds the cell stops and reads "not converged" (10/10 of what it ran); at 9 seeds it is still pending; a drift of
+    0.4 pp in every run ([0.4, 0.4], within the bound) does not stop it."""
+    plan = list(fedcis.PLAN_V4["R5L"])
+    assert len(plan) == 20 and fedcis.FUTILITY_AFTER == 10
+
+    def records(n: int, late: float) -> list[dict]:
+        out = []
+        for seed in plan[:n]:
+            out += [_v4_record("10-30-60, heads not aggregated, 40 rounds", "Serving Rate", seed, 0.70),
+                    _v4_record("10-30-60, heads not aggregated, 40 rounds", "Equal Weight", seed, 0.72, late)]
+        return out
+
+    stopped = fedcis._v4_claims(records(10, 0.01))["R5L"]
+    assert stopped["stopped"] and stopped["decision"].label == "not converged" and stopped["decision"].n == 10
+    assert fedcis._v4_claims(records(9, 0.01))["R5L"]["decision"].text() == "pending (9/20 seeds)"
+    running = fedcis._v4_claims(records(10, 0.004))["R5L"]
+    assert not running["stopped"] and running["decision"].text() == "pending (10/20 seeds)"
+    # the stop is the heads-not-aggregated cells' only: a heads-aggregated cell with the same drift stays pending
+    monkeypatch.setitem(fedcis.PLAN_V4, "C3L", range(100, 120))
+    agg = [{**r, "setting": "10-30-60, heads aggregated, 40 rounds"} for r in records(10, 0.01)]
+    assert fedcis._v4_claims(agg)["C3L"]["decision"].text() == "pending (10/20 seeds)"

@@ -2,9 +2,11 @@
 ResNet-18 on Fashion-MNIST. Protocol v1: the 80-15-5 column under two labelled readings of the update of the
 BatchNorm statistics. Protocol v2 (``CELLS_V2``): every serving column of Table 5.1 (33-33-33 aside: its two strategies
 coincide), the released code's base with the exit heads aggregated, each node's optimizer state kept across rounds.
-Protocol v3 (``CELLS``): every column again in the setting the released code runs, its exit heads *not* aggregated
-(``FedCIS(aggregate_heads=False)``), beside fresh confirmatory seeds of v2's setting where v2's label changed under
-the v3 decision rule; the ablation of the two settings and the sign pattern against both of Table 5.1's rows.
+Protocol v3 (``CELLS_V3``): every column again in the setting the released code runs, its exit heads *not*
+aggregated (``FedCIS(aggregate_heads=False)``), beside fresh confirmatory seeds of v2's setting where v2's label changed
+under the v3 decision rule; the ablation of the two settings and the sign pattern against both of Table 5.1's rows.
+Protocol v4 (``CELLS``): v3's registered fallback for its convergence check, both settings of the columns whose v3
+cells failed it, at 40 rounds on fresh seeds.
 
 The 7-node tree (``CISTopology.preset("7-node", column)``): 4 leaves hold exit 1, 2 middle nodes exit 2, the
 root exit 3; requests arrive at the leaves (at 80-15-5 the serving rates are Lambda = (0.80, 0.15, 0.05)). Equal data
@@ -47,6 +49,7 @@ from lightning_fedhet.experiments import (
     Summary,
     by_seed,
     decide,
+    drift_check,
     family_intervals,
     fmt_ci,
     fmt_mean_ci,
@@ -221,7 +224,6 @@ def paper_gain(column: str, dataset: str = "CIFAR10") -> float:
 # them): "heads not aggregated" runs every column that way. "heads aggregated" is v2's setting (v2's records, seeds
 # 0-9), run again on fresh seeds where v2's label changed under the v3 rule. Evaluations every 2 rounds (v2: 10), for
 # the convergence check; evaluation does not touch training, so v2's records and these are one setting.
-PROTOCOL = "v3"
 HEADS = {"heads not aggregated": False, "heads aggregated": True}
 #: the 10 claims of v3, in the protocol's order: (id, column, heads setting)
 CLAIMS_V3 = (*((f"R{k + 1}", c, "heads not aggregated") for k, c in enumerate(COLUMNS)),
@@ -233,7 +235,7 @@ PLAN = {"R1": range(0, 10), "R2": range(0, 12), "R3": range(0, 20), "R4": range(
         "R6": range(0, 20), "C1": range(10, 25), "C2": range(10, 23), "C3": range(10, 22), "C4": range(10, 25)}
 #: the convergence check's bound on |tail_change| of the seed-mean CIS accuracy (fraction: 0.5 pp)
 CONVERGED_BELOW = 0.005
-SEEDS = tuple(range(25))  # every seed some v3 cell plans; a cell's own plan is PLAN (the page reads only those)
+SEEDS_V3 = tuple(range(25))  # every seed some v3 cell plans; a cell's own plan is PLAN (the page reads only those)
 BASE_V3 = {**BASE_V2, "eval_every": 2}
 
 
@@ -243,9 +245,44 @@ def v3_setting(column: str, heads: str) -> str:
 
 
 #: priority order (protocol v3): the released code's columns first, then the confirmatory cells
-CELLS = tuple(Cell(v3_setting(column, heads), method,
-                   {**BASE_V3, "serving": column, "aggregate_heads": HEADS[heads]})
-              for _, column, heads in CLAIMS_V3 for method in STRATEGIES)
+CELLS_V3 = tuple(Cell(v3_setting(column, heads), method,
+                      {**BASE_V3, "serving": column, "aggregate_heads": HEADS[heads]})
+                 for _, column, heads in CLAIMS_V3 for method in STRATEGIES)
+
+
+# ------------------------------------------------------------------------------------------------ protocol v4 cells
+# v3's registered fallback: in a column where a v3 cell failed the convergence check at its planned seeds, both
+# settings run again at 40 rounds (the cosine schedule anneals over the 40), evaluated every 2 rounds, on fresh seeds.
+# The check is v3's: |tail_change| < 0.5 pp, now the mean of rounds 38-40 minus that of rounds 34-36.
+PROTOCOL = "v4"
+ROUNDS_V4 = 40
+#: the columns where a v3 cell failed the check at its planned seeds (protocol v4, "Cells")
+COLUMNS_V4 = ("20-35-45", "10-30-60", "5-15-80")
+#: v4's claims, (id, column, heads): v3's id of the same cell with "L" (the longer horizon), in v3's order
+CLAIMS_V4 = tuple((f"{cid}L", column, heads) for cid, column, heads in CLAIMS_V3 if column in COLUMNS_V4)
+#: planned seeds per claim (protocol v4: 80 % power to resolve v3's |mean| of the same cell from v3's paired SD, at
+#: the Bonferroni level of v4's family of 6, 1 - 0.05/6; at least 10, at most 20; fresh, from 100)
+PLAN_V4 = {"R4L": range(100, 120), "R5L": range(100, 120), "R6L": range(100, 116),
+           "C2L": range(100, 110), "C3L": range(100, 110), "C4L": range(100, 110)}
+SEEDS_V4 = tuple(range(100, 120))
+#: protocol v4's futility stop: a heads-not-aggregated cell whose per-run drift is resolved beyond the bound at this
+#: many seeds stops there and reads "not converged"
+FUTILITY_AFTER = 10
+BASE_V4 = {**BASE_V3, "rounds": ROUNDS_V4}
+
+
+def v4_setting(column: str, heads: str) -> str:
+    """A v4 cell's setting name, e.g. ``"20-35-45, heads aggregated, 40 rounds"``."""
+    return f"{v3_setting(column, heads)}, {ROUNDS_V4} rounds"
+
+
+#: priority order (protocol v4): the heads-aggregated cells (v3's failed checks), then the released code's
+CELLS_V4 = tuple(Cell(v4_setting(column, heads), method,
+                      {**BASE_V4, "serving": column, "aggregate_heads": HEADS[heads]})
+                 for _, column, heads in sorted(CLAIMS_V4, key=lambda c: c[2] != "heads aggregated")
+                 for method in STRATEGIES)
+CELLS = CELLS_V4
+SEEDS = SEEDS_V4
 
 
 # --------------------------------------------------------------------------------------------------------- report
@@ -443,23 +480,52 @@ def _sign(lo: float, hi: float) -> str:
 def _v3_claims(recs: list[dict]) -> dict[str, dict]:
     """Per v3 claim: per-seed CIS of both strategies over its planned seeds, the convergence check, the Holm
     interval over the 10 claims and :func:`decide`'s label on it."""
+    return _claims(recs, CLAIMS_V3, PLAN, v3_setting)
+
+
+def _v4_claims(recs: list[dict]) -> dict[str, dict]:
+    """As :func:`_v3_claims`, for v4's claims (Holm over v4's family), with v4's futility stop for the
+    heads-not-aggregated cells (:data:`FUTILITY_AFTER`)."""
+    return _claims(recs, CLAIMS_V4, PLAN_V4, v4_setting, futility_after=FUTILITY_AFTER)
+
+
+def _futile(cell: list[dict], n: int, planned: int, after: int | None) -> bool:
+    """Protocol v4's futility stop: with at least ``after`` (and fewer than ``planned``) seeds, `drift_check` resolves
+    a strategy's per-run drift beyond ±:data:`CONVERGED_BELOW`."""
+    if after is None or not after <= n < planned:
+        return False
+    return any(drift_check(runs[0]["metrics"]["round"], [r["metrics"]["cis_acc"] for r in runs],
+                           CONVERGED_BELOW).blocks_verdict
+               for runs in ([r for r in cell if r["method"] == m] for m in STRATEGIES))
+
+
+def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of,
+            futility_after: int | None = None) -> dict[str, dict]:
+    """Per claim ``(id, column, heads)``: per-seed CIS of both strategies over its planned seeds (``plans``), the
+    convergence check (:data:`CONVERGED_BELOW` on ``tail_change`` of each strategy's seed-mean curve), the Holm
+    interval over ``claims`` and :func:`decide`'s label on it; ``setting_of(column, heads)`` names the cell. With
+    ``futility_after``, a heads-not-aggregated cell stopped by :func:`_futile` reads "not converged" at the seeds it
+    has (protocol v4)."""
     out = {}
-    for cid, column, heads in CLAIMS_V3:
-        setting, plan = v3_setting(column, heads), set(PLAN[cid])
+    for cid, column, heads in claims:
+        setting, plan = setting_of(column, heads), set(plans[cid])
         cell = [r for r in recs if r["setting"] == setting and r["seed"] in plan]
         sr, ew = (by_seed(cell, cis, method=m) for m in STRATEGIES)
         seeds = sorted(set(sr) & set(ew))
         tails = {m: tail_change(*seed_mean_curve([r for r in cell if r["method"] == m])) for m in STRATEGIES}
+        stopped = heads == "heads not aggregated" and _futile(cell, len(seeds), len(plans[cid]), futility_after)
         out[cid] = {"column": column, "heads": heads, "setting": setting, "sr": sr, "ew": ew, "tails": tails,
-                    "diffs": [sr[k] - ew[k] for k in seeds],
-                    "converged": all(abs(t) < CONVERGED_BELOW for t in tails.values())}
+                    "diffs": [sr[k] - ew[k] for k in seeds], "stopped": stopped,
+                    "converged": not stopped and all(abs(t) < CONVERGED_BELOW for t in tails.values())}
     holm = family_intervals({cid: c["diffs"] for cid, c in out.items()}, method="holm")
     raw = family_intervals({cid: c["diffs"] for cid, c in out.items()}, method="none")
     for cid, c in out.items():
         d = np.asarray(c["diffs"], dtype=np.float64)
         sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
         c["raw"], c["holm"] = raw[cid], holm[cid]
-        c["decision"] = decide(holm[cid][1], holm[cid][2], paper_gain(c["column"]), d.size, len(PLAN[cid]),
+        # a stopped cell is final at the seeds it has: "not converged", never "pending"
+        planned = d.size if c["stopped"] else len(plans[cid])
+        c["decision"] = decide(holm[cid][1], holm[cid][2], paper_gain(c["column"]), d.size, planned,
                                mean=holm[cid][0], sd=sd, converged=c["converged"])
     return out
 
@@ -592,14 +658,113 @@ def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
     return lines, summaries
 
 
+
+def _drift_text(cell: list[dict], method: str) -> str:
+    """Per-run tail changes of ``method``'s CIS accuracy in ``cell``, mean and 95 % interval (information: v4, as v3,
+    decides on the seed-mean curve)."""
+    runs = [r for r in cell if r["method"] == method]
+    if len(runs) < 2:
+        return "–"
+    d = drift_check(runs[0]["metrics"]["round"], [r["metrics"]["cis_acc"] for r in runs], CONVERGED_BELOW)
+    return f"{100 * d.mean:+.2f} [{100 * d.lo:+.2f}, {100 * d.hi:+.2f}]"
+
+
+def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
+    """Protocol v4: v3's claims in the columns whose v3 cells failed the convergence check, both settings, at 40
+    rounds on fresh seeds; the ablation there; each claim's v3 label beside (20 rounds)."""
+    claims, before = _v4_claims(recs), _v3_claims(v3)
+    pp = functools.partial(fmt_ci, unit=" pp")
+    crow, rows, power_rows, summaries = [], [], [], []
+    for cid, c in claims.items():
+        cell = [r for r in recs if r["setting"] == c["setting"] and r["seed"] in set(PLAN_V4[cid])]
+        for method in STRATEGIES:
+            rs = [r for r in cell if r["method"] == method]
+            rows.append((c["column"], c["heads"], method, seeds_done(len(rs), len(PLAN_V4[cid])),
+                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
+        dec = c["decision"]
+        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
+        check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
+                                        "passes" if c["converged"] else "**fails**")
+        crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(PLAN_V4[cid])}", pp(*c["raw"]), pp(*c["holm"]),
+                     f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
+                     f"{tails} ({check})", " / ".join(_drift_text(cell, m) for m in STRATEGIES),
+                     f"**{dec.text()}**", before[cid.removesuffix("L")]["decision"].text()))
+        sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
+        power_rows.append((cid, c["column"], c["heads"], len(PLAN_V4[cid]), "–" if math.isnan(sd) else
+                           f"{100 * sd:.2f}", "–" if math.isnan(sd) else
+                           str(_power.seeds_80(sd, paper_gain(c["column"])) or "> 10,000")))
+        summaries.append(Summary(
+            f"v4, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, {c['heads']}, "
+            f"{ROUNDS_V4} rounds)", f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
+            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
+        for j, method in enumerate(STRATEGIES):  # the seed-mean curves: what the convergence check reads
+            xs, ys = seed_mean_curve([r for r in cell if r["method"] == method])
+            if xs:
+                ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], label=f"{cid} {method} (n={len(cell) // 2})")
+
+    # ablation at 40 rounds: (SR - EW) heads aggregated minus (SR - EW) heads not aggregated, per v4 column
+    abl, gains = {}, {}
+    for column in COLUMNS_V4:
+        for heads in HEADS:
+            cid = next(k for k, col, h in CLAIMS_V4 if col == column and h == heads)
+            gains[(column, heads)] = {k: claims[cid]["sr"][k] - claims[cid]["ew"][k]
+                                      for k in set(claims[cid]["sr"]) & set(claims[cid]["ew"])}
+        a, n = gains[(column, "heads aggregated")], gains[(column, "heads not aggregated")]
+        abl[column] = [a[k] - n[k] for k in sorted(set(a) & set(n))]
+    abl_raw, abl_holm = family_intervals(abl, method="none"), family_intervals(abl, method="holm")
+    arow = []
+    for column in COLUMNS_V4:
+        a, n = gains[(column, "heads aggregated")], gains[(column, "heads not aggregated")]
+        both = sorted(set(a) & set(n))
+        lo, hi = abl_holm[column][1:]
+        says = "–" if math.isnan(lo) else ("aggregating the heads adds to the gain" if lo > 0 else
+                                           "aggregating the heads lowers the gain" if hi < 0 else "holds 0")
+        arow.append((column, len(both), pp(*paired({k: a[k] for k in both}, {k: 0.0 for k in both})[:3]),
+                     pp(*paired({k: n[k] for k in both}, {k: 0.0 for k in both})[:3]), pp(*abl_raw[column]),
+                     pp(*abl_holm[column]), says))
+    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title=f"protocol v4: {ROUNDS_V4} rounds")
+    if ax.lines:
+        ax.legend(fontsize=6)
+    lines = [
+        "## Results, protocol v4\n",
+        f"v3's registered fallback for a failed convergence check: in the columns where a v3 cell failed it at its "
+        f"planned seeds ({', '.join(COLUMNS_V4)}), both settings again at **{ROUNDS_V4} rounds** (the cosine schedule "
+        "anneals over the 40), on fresh seeds; otherwise v3's setting. Decision rule as v3's: "
+        "`lightning_fedhet.experiments.decide` on the **Holm-adjusted** interval over the family of the "
+        f"{len(CLAIMS_V4)} claims below, g = the thesis's CIFAR10 difference; pending until a claim has its planned "
+        f"seeds; **not converged** when the seed-mean CIS accuracy of either strategy moves by "
+        f"{100 * CONVERGED_BELOW:.1f} pp or more between rounds 34-36 and 38-40 (`tail_change`, tail 0.2). The "
+        "per-run drift (`drift_check`, mean and 95 % interval of each run's tail change) is information; v3's label "
+        "of the same cell at 20 rounds is beside.\n",
+        markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
+                        "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)",
+                        "per-run drift SR / EW (pp, information)", "v4 label", "v3 label (20 rounds)"), crow),
+        "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
+        "seeds done so far:\n",
+        markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
+                       rows),
+        f"\n**Ablation at {ROUNDS_V4} rounds**: per column, over the seeds with all four runs, the gain Serving Rate − "
+        "Equal Weight in each setting and their paired difference (heads aggregated minus not); no label, Holm over "
+        "v4's columns.\n",
+        markdown_table(("serving", "seeds", "gain, heads aggregated", "gain, heads not aggregated",
+                        "difference (raw 95 % CI)", f"difference (Holm over {len(COLUMNS_V4)})",
+                        "Holm interval says"), arow),
+        "\nPower (v4's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
+        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+                       power_rows),
+        "\n![v4: seed-mean CIS accuracy against rounds, per claim and strategy](fedcis/curves-v4.png)\n",
+    ]
+    return lines, summaries
+
 def write_report(records: list[dict], out) -> list:
     out_dir = out / "fedcis"
     lines = [
         "# Fed-CIS: Serving Rate vs Equal Weight on the 7-node tree (Fashion-MNIST)\n",
         "Generated by `python scripts/reproduce.py report` from the records in `records/fedcis/`; do not edit.\n",
         "Protocols: [v1](fedcis/protocol-v1.md) (80-15-5 only), [v2](fedcis/protocol-v2.md) (every serving "
-        "column) and [v3](fedcis/protocol-v3.md) (the released code's aggregation, which leaves the exit heads out, "
-        "beside v2's; confirmatory seeds; the ablation), each committed before its runs; each lists every departure "
+        "column), [v3](fedcis/protocol-v3.md) (the released code's aggregation, which leaves the exit heads out, "
+        "beside v2's; confirmatory seeds; the ablation) and [v4](fedcis/protocol-v4.md) (the columns whose v3 cells "
+        "did not converge, at 40 rounds), each committed before its runs; each lists every departure "
         "from the thesis's setting and the reason.\n",
         "## Claim (quoted from the thesis)\n",
         "Ch. 5, Table 5.1 (equal data partition, 7-node tree, p = 0): \"Serving Rate\" (Lambda-tilde = Lambda) "
@@ -625,22 +790,27 @@ def write_report(records: list[dict], out) -> list:
     v2_lines, v2_summaries = _v2_section(v2_recs, records, axes[0])
     save_figure(fig, out_dir / "columns-v2.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
-    v3_lines, v3_summaries = _v3_section([r for r in records if r["protocol"] == "v3"], v2_recs, axes[0])
+    v3_recs = [r for r in records if r["protocol"] == "v3"]
+    v3_lines, v3_summaries = _v3_section(v3_recs, v2_recs, axes[0])
     save_figure(fig, out_dir / "columns-v3.png")
-    plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN[cid][0]}-{PLAN[cid][-1]} "
-             f"--settings '{v3_setting(column, heads)}'   # {cid}" for cid, column, heads in CLAIMS_V3]
-    lines += v3_lines + v2_lines + v1_lines + reproduce_section(records, (
-        "# v3: each claim's planned seeds (a plain `run fedcis` runs seeds 0-24 of every cell, more than planned)",
+    fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
+    v4_lines, v4_summaries = _v4_section([r for r in records if r["protocol"] == "v4"], v3_recs, axes[0])
+    save_figure(fig, out_dir / "curves-v4.png")
+    plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V4[cid][0]}-{PLAN_V4[cid][-1]} "
+             f"--settings '{v4_setting(column, heads)}'   # {cid}" for cid, column, heads in CLAIMS_V4]
+    lines += v4_lines + v3_lines + v2_lines + v1_lines + reproduce_section(records, (
+        f"# v4: each claim's planned seeds (a plain `run fedcis` runs seeds {SEEDS_V4[0]}-{SEEDS_V4[-1]} of every "
+        "cell, more than planned)",
         *plans,
         "python scripts/reproduce.py report                                  # this page, from the records",
     ))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedcis.md").write_text("\n".join(lines) + "\n")
-    return v3_summaries + v2_summaries + summaries
+    return v4_summaries + v3_summaries + v2_summaries + summaries
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = Cell(CELLS[0].setting, CELLS[0].method, {**CELLS[0].config, "rounds": 2, "eval_every": 2})
+CANARY = Cell(CELLS_V3[0].setting, CELLS_V3[0].method, {**CELLS_V3[0].config, "rounds": 2, "eval_every": 2})
 
 STUDY = _repo.study(name="fedcis", title="Fed-CIS", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, canary=CANARY)
