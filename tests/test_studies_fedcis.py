@@ -198,7 +198,8 @@ def test_v2_labels_take_the_convergence_check_of_v3_runs_of_the_same_setting():
     assert verdicts(*records(0.004))["20-35-45"] == "opposite sign (v2 records, v3 rule)"
     assert verdicts(*records(0.006, range(10, 15)))["20-35-45"] == (
         "opposite sign (v2 records, v3 rule; convergence check pending)")
-    assert fedcis.setting_checks(records(0.006)[1])["20-35-45"] == ("fails", "**fails** (C2, seeds 10-22)")
+    assert fedcis.setting_checks(fedcis._v3_claims(records(0.006)[1]))["20-35-45"] == (
+        "fails", "**fails** (C2, seeds 10-22)")
 
     fig, axes = new_figure()
     v2, v3 = records(0.006)

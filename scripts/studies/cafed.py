@@ -978,8 +978,9 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
     decided_by, raw_by = v3_decisions(records, protocol)
     claims = v3_claims(decided_by, raw_by)
     later = RELABELLED_BY.get(protocol)
-    relabelled = (v3_claims(*v3_decisions(records, protocol, check="interval"), best_of=_best_of_conjunction)
-                  if later else {})
+    # the later check's decisions on this protocol's records, and the claims they give (C2 as a conjunction)
+    later_decided = v3_decisions(records, protocol, check="interval") if later else ({}, {})
+    relabelled = v3_claims(*later_decided, best_of=_best_of_conjunction) if later else {}
     claim_rows, summaries = [], []
     for k, (decided, raw, versus) in claims.items():
         holm = _pp(decided)
@@ -998,7 +999,7 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
             verdict = f"{again.text()} ({protocol} records, {later} check)"
             if k == "C2" and again.final:
                 text = f"{text}: CA-Fed − {relabelled[k][2]}: {_pp(again)}"
-                registered = _best_of_v3(v3_decisions(records, protocol, check="interval")[0])[1]
+                registered = _best_of_v3(later_decided[0])[1]
                 if registered.label != again.label:  # only the conjunction's reading gives a verdict
                     text += f" (C2 as a conjunction; the registered reading withholds it: {registered.text()})"
                     verdict = verdict.removesuffix(")") + "; C2 read as a conjunction)"

@@ -46,6 +46,7 @@ from lightning_fedhet.data import fashion_mnist
 from lightning_fedhet.early_exit_module import EarlyExitClassifier
 from lightning_fedhet.experiments import (
     Cell,
+    Drift,
     Summary,
     by_seed,
     decide,
@@ -358,14 +359,14 @@ def v2_verdict(column: str, mean: float, lo: float, hi: float, complete: bool, n
     return verdict_for_gain(lo, mean, hi, paper_gain(column))
 
 
-def setting_checks(v3: list[dict]) -> dict[str, tuple[str, str]]:
-    """Per serving column, v3's convergence check of the heads-aggregated setting (v2's setting), ``{column:
+def setting_checks(claims: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """Per serving column, v3's convergence check of the heads-aggregated setting (v2's setting) from v3's claims
+    (:func:`_v3_claims`), ``{column:
     (state, text)}``: the state is ``"passes"`` or ``"fails"`` once the column's confirmatory claim (C1-C4) has its
     planned seeds, ``"pending"`` before, ``"not shown"`` where v3 runs no confirmatory cell (80-15-5, 60-30-10).
 
     v2's records evaluate rounds 10 and 20 only, so the check cannot be computed on them; protocol v3 says its
     confirmatory runs, the same setting on fresh seeds, give that setting's check."""
-    claims = _v3_claims(v3)
     out = {}
     for column in COLUMNS:
         cid = next((k for k, col, heads in CLAIMS_V3 if col == column and heads == "heads aggregated"), None)
@@ -384,7 +385,7 @@ def setting_checks(v3: list[dict]) -> dict[str, tuple[str, str]]:
 
 def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], list]:
     sd, n_sd = power_sd(records)
-    checks = setting_checks([r for r in records if r["protocol"] == "v3"])
+    checks = setting_checks(_v3_claims([r for r in records if r["protocol"] == "v3"]))
     rows, prow, power_rows, summaries, pairs, registered = [], [], [], [], {}, {}
     for i, column in enumerate(COLUMNS):
         for method in STRATEGIES:
@@ -489,14 +490,21 @@ def _v4_claims(recs: list[dict]) -> dict[str, dict]:
     return _claims(recs, CLAIMS_V4, PLAN_V4, v4_setting, futility_after=FUTILITY_AFTER)
 
 
-def _futile(cell: list[dict], n: int, planned: int, after: int | None) -> bool:
-    """Protocol v4's futility stop: with at least ``after`` (and fewer than ``planned``) seeds, `drift_check` resolves
-    a strategy's per-run drift beyond ±:data:`CONVERGED_BELOW`."""
+def _drift(cell: list[dict], method: str) -> Drift | None:
+    """`drift_check` of ``method``'s per-run CIS accuracy in ``cell`` at ±:data:`CONVERGED_BELOW` (``None`` with
+    fewer than 2 runs)."""
+    runs = [r for r in cell if r["method"] == method]
+    if len(runs) < 2:
+        return None
+    return drift_check(runs[0]["metrics"]["round"], [r["metrics"]["cis_acc"] for r in runs], CONVERGED_BELOW)
+
+
+def _futile(drifts: dict[str, Drift | None], n: int, planned: int, after: int | None) -> bool:
+    """Protocol v4's futility stop: with at least ``after`` (and fewer than ``planned``) seeds, a strategy's per-run
+    drift (``drifts``, :func:`_drift`) is resolved beyond ±:data:`CONVERGED_BELOW`."""
     if after is None or not after <= n < planned:
         return False
-    return any(drift_check(runs[0]["metrics"]["round"], [r["metrics"]["cis_acc"] for r in runs],
-                           CONVERGED_BELOW).blocks_verdict
-               for runs in ([r for r in cell if r["method"] == m] for m in STRATEGIES))
+    return any(d is not None and d.blocks_verdict for d in drifts.values())
 
 
 def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of,
@@ -513,9 +521,10 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
         sr, ew = (by_seed(cell, cis, method=m) for m in STRATEGIES)
         seeds = sorted(set(sr) & set(ew))
         tails = {m: tail_change(*seed_mean_curve([r for r in cell if r["method"] == m])) for m in STRATEGIES}
-        stopped = heads == "heads not aggregated" and _futile(cell, len(seeds), len(plans[cid]), futility_after)
-        out[cid] = {"column": column, "heads": heads, "setting": setting, "sr": sr, "ew": ew, "tails": tails,
-                    "diffs": [sr[k] - ew[k] for k in seeds], "stopped": stopped,
+        drifts = {m: _drift(cell, m) for m in STRATEGIES}
+        stopped = heads == "heads not aggregated" and _futile(drifts, len(seeds), len(plans[cid]), futility_after)
+        out[cid] = {"column": column, "heads": heads, "setting": setting, "cell": cell, "sr": sr, "ew": ew,
+                    "tails": tails, "drifts": drifts, "diffs": [sr[k] - ew[k] for k in seeds], "stopped": stopped,
                     "converged": not stopped and all(abs(t) < CONVERGED_BELOW for t in tails.values())}
     holm = family_intervals({cid: c["diffs"] for cid, c in out.items()}, method="holm")
     raw = family_intervals({cid: c["diffs"] for cid, c in out.items()}, method="none")
@@ -528,6 +537,25 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
         c["decision"] = decide(holm[cid][1], holm[cid][2], paper_gain(c["column"]), d.size, planned,
                                mean=holm[cid][0], sd=sd, converged=c["converged"])
     return out
+
+
+def _ablation_rows(gains_agg: dict[str, dict[int, float]], gains_not: dict[str, dict[int, float]]) -> list[tuple]:
+    """The ablation table's rows, per column of ``gains_agg`` (``{column: {seed: SR - EW}}``, heads aggregated;
+    ``gains_not`` likewise, heads not aggregated): over the seeds with both, each gain, their paired difference
+    (raw 95 % and Holm over the columns) and what the Holm interval says."""
+    pp = functools.partial(fmt_ci, unit=" pp")
+    both = {col: sorted(set(gains_agg[col]) & set(gains_not[col])) for col in gains_agg}
+    abl = {col: [gains_agg[col][k] - gains_not[col][k] for k in both[col]] for col in gains_agg}
+    abl_raw, abl_holm = family_intervals(abl, method="none"), family_intervals(abl, method="holm")
+    rows = []
+    for col, seeds in both.items():
+        g_a = paired({k: gains_agg[col][k] for k in seeds}, {k: 0.0 for k in seeds})
+        g_n = paired({k: gains_not[col][k] for k in seeds}, {k: 0.0 for k in seeds})
+        lo, hi = abl_holm[col][1:]
+        says = "–" if math.isnan(lo) else ("aggregating the heads adds to the gain" if lo > 0 else
+                                           "aggregating the heads lowers the gain" if hi < 0 else "holds 0")
+        rows.append((col, len(seeds), pp(*g_a[:3]), pp(*g_n[:3]), pp(*abl_raw[col]), pp(*abl_holm[col]), says))
+    return rows
 
 
 def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
@@ -557,7 +585,7 @@ def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
             f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
 
     # ablation: (SR - EW) heads aggregated minus (SR - EW) heads not aggregated, per column, over seeds with all four
-    gains_agg, gains_not, abl = {}, {}, {}
+    gains_agg, gains_not = {}, {}
     for column in COLUMNS:
         agg = [r for r in v2 if r["setting"] == column] + [r for r in recs
                                                            if r["setting"] == v3_setting(column, "heads aggregated")]
@@ -566,20 +594,7 @@ def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
         n_sr, n_ew = (by_seed(nag, cis, method=m) for m in STRATEGIES)
         gains_agg[column] = {k: a_sr[k] - a_ew[k] for k in set(a_sr) & set(a_ew)}
         gains_not[column] = {k: n_sr[k] - n_ew[k] for k in set(n_sr) & set(n_ew)}
-        both = sorted(set(gains_agg[column]) & set(gains_not[column]))
-        abl[column] = [gains_agg[column][k] - gains_not[column][k] for k in both]
-    abl_raw = family_intervals(abl, method="none")
-    abl_holm = family_intervals(abl, method="holm")
-    arow = []
-    for column in COLUMNS:
-        both = sorted(set(gains_agg[column]) & set(gains_not[column]))
-        g_a = paired({k: gains_agg[column][k] for k in both}, {k: 0.0 for k in both})
-        g_n = paired({k: gains_not[column][k] for k in both}, {k: 0.0 for k in both})
-        lo, hi = abl_holm[column][1:]
-        says = "–" if math.isnan(lo) else ("aggregating the heads adds to the gain" if lo > 0 else
-                                           "aggregating the heads lowers the gain" if hi < 0 else "holds 0")
-        arow.append((column, len(both), pp(*g_a[:3]), pp(*g_n[:3]), pp(*abl_raw[column]), pp(*abl_holm[column]),
-                     says))
+    arow = _ablation_rows(gains_agg, gains_not)
 
     # sign pattern against both rows: the released code's columns (R1-R6) and v2's setting (v2 records, Holm over 6)
     v2_gain = {}
@@ -589,7 +604,7 @@ def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
     v2_holm = family_intervals(v2_gain, method="holm")
     released = {c["column"]: c for c in claims.values() if c["heads"] == "heads not aggregated"}
     ours_new = [_sign(*released[col]["holm"][1:]) if released[col]["decision"].final else "?" for col in COLUMNS]
-    checks = setting_checks(recs)
+    checks = setting_checks(claims)
     ours_v2 = [_sign(*v2_holm[col][1:]) if checks[col][0] != "fails" else "?" for col in COLUMNS]
     rows_sign = {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
 
@@ -658,15 +673,10 @@ def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
     return lines, summaries
 
 
-
-def _drift_text(cell: list[dict], method: str) -> str:
-    """Per-run tail changes of ``method``'s CIS accuracy in ``cell``, mean and 95 % interval (information: v4, as v3,
+def _drift_text(d: Drift | None) -> str:
+    """A per-run drift (:func:`_drift`) as the page shows it, mean and 95 % interval in pp (information: v4, as v3,
     decides on the seed-mean curve)."""
-    runs = [r for r in cell if r["method"] == method]
-    if len(runs) < 2:
-        return "–"
-    d = drift_check(runs[0]["metrics"]["round"], [r["metrics"]["cis_acc"] for r in runs], CONVERGED_BELOW)
-    return f"{100 * d.mean:+.2f} [{100 * d.lo:+.2f}, {100 * d.hi:+.2f}]"
+    return "–" if d is None else f"{100 * d.mean:+.2f} [{100 * d.lo:+.2f}, {100 * d.hi:+.2f}]"
 
 
 def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
@@ -676,7 +686,7 @@ def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
     pp = functools.partial(fmt_ci, unit=" pp")
     crow, rows, power_rows, summaries = [], [], [], []
     for cid, c in claims.items():
-        cell = [r for r in recs if r["setting"] == c["setting"] and r["seed"] in set(PLAN_V4[cid])]
+        cell = c["cell"]
         for method in STRATEGIES:
             rs = [r for r in cell if r["method"] == method]
             rows.append((c["column"], c["heads"], method, seeds_done(len(rs), len(PLAN_V4[cid])),
@@ -687,7 +697,7 @@ def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
                                         "passes" if c["converged"] else "**fails**")
         crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(PLAN_V4[cid])}", pp(*c["raw"]), pp(*c["holm"]),
                      f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
-                     f"{tails} ({check})", " / ".join(_drift_text(cell, m) for m in STRATEGIES),
+                     f"{tails} ({check})", " / ".join(_drift_text(d) for d in c["drifts"].values()),
                      f"**{dec.text()}**", before[cid.removesuffix("L")]["decision"].text()))
         sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
         power_rows.append((cid, c["column"], c["heads"], len(PLAN_V4[cid]), "–" if math.isnan(sd) else
@@ -703,25 +713,10 @@ def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
                 ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], label=f"{cid} {method} (n={len(cell) // 2})")
 
     # ablation at 40 rounds: (SR - EW) heads aggregated minus (SR - EW) heads not aggregated, per v4 column
-    abl, gains = {}, {}
-    for column in COLUMNS_V4:
-        for heads in HEADS:
-            cid = next(k for k, col, h in CLAIMS_V4 if col == column and h == heads)
-            gains[(column, heads)] = {k: claims[cid]["sr"][k] - claims[cid]["ew"][k]
-                                      for k in set(claims[cid]["sr"]) & set(claims[cid]["ew"])}
-        a, n = gains[(column, "heads aggregated")], gains[(column, "heads not aggregated")]
-        abl[column] = [a[k] - n[k] for k in sorted(set(a) & set(n))]
-    abl_raw, abl_holm = family_intervals(abl, method="none"), family_intervals(abl, method="holm")
-    arow = []
-    for column in COLUMNS_V4:
-        a, n = gains[(column, "heads aggregated")], gains[(column, "heads not aggregated")]
-        both = sorted(set(a) & set(n))
-        lo, hi = abl_holm[column][1:]
-        says = "–" if math.isnan(lo) else ("aggregating the heads adds to the gain" if lo > 0 else
-                                           "aggregating the heads lowers the gain" if hi < 0 else "holds 0")
-        arow.append((column, len(both), pp(*paired({k: a[k] for k in both}, {k: 0.0 for k in both})[:3]),
-                     pp(*paired({k: n[k] for k in both}, {k: 0.0 for k in both})[:3]), pp(*abl_raw[column]),
-                     pp(*abl_holm[column]), says))
+    gains = {heads: {} for heads in HEADS}
+    for c in claims.values():
+        gains[c["heads"]][c["column"]] = {k: c["sr"][k] - c["ew"][k] for k in set(c["sr"]) & set(c["ew"])}
+    arow = _ablation_rows(gains["heads aggregated"], gains["heads not aggregated"])
     ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title=f"protocol v4: {ROUNDS_V4} rounds")
     if ax.lines:
         ax.legend(fontsize=6)
