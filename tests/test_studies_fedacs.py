@@ -102,3 +102,30 @@ def test_v2_claims_under_the_v3_rule_from_the_rounds_ratio():
     assert d.label == "opposite sign" and d.gain == pytest.approx(0.43)
     assert (d.mean, d.lo, d.hi) == pytest.approx((-0.5, -0.5754, -0.4246), abs=1e-4)
     assert out[("static", "FedAvg")].index_text() == "pending (0/10 seeds) (v2 records, v3 rule)"
+
+
+def test_v2_claims_are_held_to_the_censoring_check_and_the_learning_rate_grid():
+    """The convergence check of a first-passage metric, by hand. Dynamic FedAvg vs FedACS: FedACS reaches 50 % at
+    round 10, FedAvg at round 4 or 6 (gain -0.6 / -0.4, interval [-0.575, -0.425] below 0). FedACS never reaching
+    the threshold in seed 0 counts round 31: the gain there, 4/31 - 1, is an upper bound, which an opposite sign
+    survives (the check passes, the label stays). The baseline never reaching it in seed 1 makes its gain
+    31/10 - 1 = 2.1 a lower bound, against the interval's side: not converged. Pushing the baseline's gains above
+    0 (FedAvg at 20/22, FedACS at 10) with FedACS censored in seed 0 fails the check for a reproduced claim, and so
+    does a pair with both runs censored (its 31 / 31 hides a gain of either sign). The client learning rate 0.05
+    sits inside the pilots' grid (0.02, 0.05, 0.1)."""
+    def labels(acs_hit: dict, avg_hit: dict) -> tuple[str, str]:
+        recs = [r for s in range(10)
+                for r in (_rounds_record("FedACS", "dynamic", s, acs_hit.get(s, 10)),
+                          _rounds_record("FedAvg", "dynamic", s, avg_hit.get(s, 6 if s % 2 else 4)))]
+        out = fedacs.v3_labels(recs)[("dynamic", "FedAvg")].raw
+        return out.label, fedacs.checks_section(recs)[1].splitlines()[2]
+
+    label, row = labels({0: 31}, {})
+    assert label == "opposite sign" and row == "| dynamic: FedAvg vs FedACS | 10 | 1 | 0 | passes |"
+    label, row = labels({}, {1: 31})
+    assert label == "not converged" and row == "| dynamic: FedAvg vs FedACS | 10 | 0 | 1 | **fails** |"
+    up = {s: 20 if s % 2 else 22 for s in range(10)}
+    assert labels({}, up)[0] == "reproduced"
+    assert labels({0: 31}, {**up, 0: 31})[0] == "not converged"  # both censored: 31 / 31 hides a gain of any sign
+    assert labels({0: 31}, up)[0] == "not converged"
+    assert fedacs.grid_place(fedacs.BASE["lr"], fedacs.LR_GRID) == "interior"
