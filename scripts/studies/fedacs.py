@@ -471,12 +471,8 @@ LR_GRID = (0.02, 0.05, 0.1)
 
 @dataclasses.dataclass(frozen=True)
 class Censoring:
-    """The v3 rule's convergence check for a first-passage metric, per claim. Rounds to threshold needs no plateau,
-    only that the runs reach the threshold; a run that never does counts ``rounds + 1``, which makes its pair's
-    gain ``rounds(baseline) / rounds(FedACS) - 1`` a bound: an upper bound when FedACS's run is censored, a lower
-    bound when the baseline's is. The check passes when no bound points against what the interval ``[lo, hi]``
-    asserts: below the paper's effect (opposite sign, not reproduced) needs every baseline run to reach the
-    threshold; above 0 (reproduced) needs every FedACS run to; an interval holding both asserts nothing."""
+    """Per claim: the pairs, the censored runs of FedACS and of the baseline, and whether the v3 rule's convergence
+    check for a first-passage metric passes (:func:`_v3.censoring_passes`)."""
     pairs: int
     main_censored: int
     baseline_censored: int
@@ -484,12 +480,12 @@ class Censoring:
 
 
 def censoring(main: dict[int, bool], base: dict[int, bool], lo: float, hi: float, effect: float) -> Censoring:
-    """:class:`Censoring` from each cell's ``{seed: reached the threshold}``, over the seeds both have."""
+    """:class:`Censoring` from each cell's ``{seed: reached the threshold}``, over the seeds both have; ``[lo, hi]``
+    the raw interval of the gain ``rounds(baseline) / rounds(FedACS) - 1``."""
     seeds = sorted(set(main) & set(base))
     main_c = sum(not main[s] for s in seeds)
     base_c = sum(not base[s] for s in seeds)
-    passes = not ((hi < effect and base_c) or (lo > 0 and main_c))
-    return Censoring(len(seeds), main_c, base_c, passes)
+    return Censoring(len(seeds), main_c, base_c, _v3.censoring_passes(main_c, base_c, lo, hi, effect))
 
 
 def v3_labels(records: list[dict]) -> dict[tuple[str, str], _v3.Relabelled]:
