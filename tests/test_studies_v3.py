@@ -78,6 +78,7 @@ def test_a_registered_not_testable_never_stands_for_an_incomplete_cell_or_a_sett
     (0, 1, 0.05, 0.3, 0.43, False),    # below the effect (not reproduced) with a baseline censored: fails too
     (0, 1, 0.5, 0.7, 0.43, True),      # above the effect and 0: a lower bound only strengthens it
     (1, 0, 0.5, 0.7, 0.43, False),     # above 0, the method censored: an upper bound, against the interval's side
+    (1, 0, 0.1, 0.3, 0.43, False),     # above 0 though below the effect: reproduced, so the same holds
     (1, 1, -0.2, 0.6, 0.43, True),     # holds 0 and the effect: asserts nothing
     (0, 1, -0.3, -0.1, None, False),   # direction only: "below" means below 0
     (0, 1, -0.1, 0.3, None, True),     # direction only, holding 0
