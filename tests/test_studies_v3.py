@@ -70,20 +70,3 @@ def test_a_registered_not_testable_never_stands_for_an_incomplete_cell_or_a_sett
     assert _v3.registered(registered, decide(-0.5, 0.6, 0.5, 10, 10)) == registered
     assert _v3.registered("not reproduced", decide(-3.6, -1.0, 0.5, 10, 10)) == "not reproduced"
 
-
-@pytest.mark.parametrize(("method_c", "baseline_c", "lo", "hi", "effect", "passes"), [
-    (0, 0, -0.6, -0.4, 0.43, True),    # nothing censored: nothing to bound
-    (3, 0, -0.6, -0.4, 0.43, True),    # below 0, the method censored: each such gain is an upper bound, consistent
-    (0, 1, -0.6, -0.4, 0.43, False),   # below 0, a baseline censored: a lower bound, against the interval's side
-    (0, 1, 0.05, 0.3, 0.43, False),    # below the effect (not reproduced) with a baseline censored: fails too
-    (0, 1, 0.5, 0.7, 0.43, True),      # above the effect and 0: a lower bound only strengthens it
-    (1, 0, 0.5, 0.7, 0.43, False),     # above 0, the method censored: an upper bound, against the interval's side
-    (1, 0, 0.1, 0.3, 0.43, False),     # above 0 though below the effect: reproduced, so the same holds
-    (1, 1, -0.2, 0.6, 0.43, True),     # holds 0 and the effect: asserts nothing
-    (0, 1, -0.3, -0.1, None, False),   # direction only: "below" means below 0
-    (0, 1, -0.1, 0.3, None, True),     # direction only, holding 0
-])
-def test_censoring_passes_when_no_bound_points_against_the_interval(method_c, baseline_c, lo, hi, effect, passes):
-    """The convergence check of a first-passage metric, case by case (a censored run of the claim's method makes
-    its pair's gain an upper bound, one of the baseline a lower bound)."""
-    assert _v3.censoring_passes(method_c, baseline_c, lo, hi, effect) is passes

@@ -371,3 +371,21 @@ def grid_place(pick: float, grid: Sequence[float]) -> str:
     if not close:
         raise ValueError(f"pick {pick} is not in the grid {values}")
     return "lower edge" if close[0] == values[0] else "upper edge" if close[0] == values[-1] else "interior"
+
+
+def censoring_check(method_censored: int, baseline_censored: int, lo: float, hi: float,
+                    effect: float | None) -> bool:
+    """The convergence check of a first-passage metric (rounds or time to a target), per claim: ``True`` passes.
+
+    Such a metric needs no plateau, only runs that reach the target. A run that never does counts at the horizon,
+    which makes its pair's gain a bound: an upper bound when the claim's method's run is censored, a lower bound
+    when the baseline's is (both: a gain of either sign). The check fails when a bound points against what the
+    paired interval ``[lo, hi]`` asserts: below the paper's ``effect`` (0 when ``None``, a direction-only claim)
+    with a baseline run censored, or above 0 with a run of the method censored. An interval holding both 0 and the
+    effect asserts nothing, so it passes. ``method_censored`` and ``baseline_censored`` count censored runs over the
+    paired seeds (a pair with both censored counts on both sides)."""
+    if method_censored < 0 or baseline_censored < 0:
+        raise ValueError(f"censored counts must be >= 0, got method_censored={method_censored}, "
+                         f"baseline_censored={baseline_censored}")
+    bar = 0.0 if effect is None else effect
+    return not ((hi < bar and baseline_censored > 0) or (lo > 0 and method_censored > 0))

@@ -65,20 +65,6 @@ def relabel(claims: Mapping[K, tuple[Mapping[int, float], Mapping[int, float], f
             for k, (a, b, gain) in claims.items()}
 
 
-def censoring_passes(method_censored: int, baseline_censored: int, lo: float, hi: float,
-                     effect: float | None) -> bool:
-    """The v3 rule's convergence check for a first-passage metric (rounds or time to a target), per claim.
-
-    Such a metric needs its runs to reach the target, not a plateau. A run that never does counts at the horizon,
-    which makes its pair's gain a bound: an upper bound when the claim's method's run is censored, a lower bound
-    when the baseline's is (both: a gain of either sign). The check passes when no bound points against what the
-    raw interval ``[lo, hi]`` asserts: below the paper's ``effect`` (0 when ``None``, direction only) needs no
-    baseline run censored, above 0 needs no run of the method censored; an interval holding both asserts nothing.
-    """
-    bar = 0.0 if effect is None else effect
-    return not ((hi < bar and baseline_censored > 0) or (lo > 0 and method_censored > 0))
-
-
 def registered(text: str, raw: Decision) -> str:
     """The label v2's protocol registered (``text``), as a page shows it beside the v3 label ``raw``.
 

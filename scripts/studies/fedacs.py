@@ -48,6 +48,7 @@ from lightning_fedhet.experiments import (
     Cell,
     Summary,
     by_seed,
+    censoring_check,
     fmt_ci,
     grid_place,
     markdown_table,
@@ -472,7 +473,7 @@ LR_GRID = (0.02, 0.05, 0.1)
 @dataclasses.dataclass(frozen=True)
 class Censoring:
     """Per claim: the pairs, the censored runs of FedACS and of the baseline, and whether the v3 rule's convergence
-    check for a first-passage metric passes (:func:`_v3.censoring_passes`)."""
+    check for a first-passage metric passes (:func:`~lightning_fedhet.experiments.censoring_check`)."""
     pairs: int
     main_censored: int
     baseline_censored: int
@@ -485,7 +486,7 @@ def censoring(main: dict[int, bool], base: dict[int, bool], lo: float, hi: float
     seeds = sorted(set(main) & set(base))
     main_c = sum(not main[s] for s in seeds)
     base_c = sum(not base[s] for s in seeds)
-    return Censoring(len(seeds), main_c, base_c, _v3.censoring_passes(main_c, base_c, lo, hi, effect))
+    return Censoring(len(seeds), main_c, base_c, censoring_check(main_c, base_c, lo, hi, effect))
 
 
 def v3_labels(records: list[dict]) -> dict[tuple[str, str], _v3.Relabelled]:

@@ -51,6 +51,7 @@ from lightning_fedhet.data import FixedSizeDirichlet, fashion_mnist, synthetic_l
 from lightning_fedhet.experiments import (
     Cell,
     Summary,
+    censoring_check,
     decide_paired,
     family_intervals,
     fmt_ci,
@@ -557,13 +558,14 @@ def _censored_sides(recs: list[dict], a: str, b: str, time_of) -> tuple[int, int
 
 def v2_checks(recs: list[dict], time_of) -> dict[str, tuple[int, int, bool, bool]]:
     """The v3 rule's two checks on each v2 claim: ``(method runs censored, baseline runs censored, censoring check
-    passes (:func:`_v3.censoring_passes` on the raw interval), both server rates interior (:func:`v2_lr_places`))``."""
+    passes (:func:`~lightning_fedhet.experiments.censoring_check` on the raw interval), both server rates interior
+    (:func:`v2_lr_places`))``."""
     places, out = v2_lr_places(), {}
     for cid, a, b, _, _ in CLAIMS:
         gains, _ = _paired_gains(recs, a, b, time_of)
         _, lo, hi = mean_ci(list(gains.values())) if len(gains) > 1 else (0.0, -math.inf, math.inf)
         ca, cb = _censored_sides(recs, a, b, time_of)
-        out[cid] = (ca, cb, _v3.censoring_passes(ca, cb, lo, hi, V3_GAIN[cid]),
+        out[cid] = (ca, cb, censoring_check(ca, cb, lo, hi, V3_GAIN[cid]),
                     places[a] == "interior" and places[b] == "interior")
     return out
 

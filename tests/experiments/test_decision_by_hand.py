@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from lightning_fedhet.experiments.decision import (
+    censoring_check,
     decide,
     decide_paired,
     decide_within,
@@ -390,3 +391,26 @@ def test_a_power_exactly_at_the_target_is_enough():
     target = power(1.0, 1.0, 10)
     assert seeds_for_power(1.0, 1.0, target=target) == 10
     assert seeds_for_power(1.0, 1.0, target=target, max_seeds=10) == 10
+
+
+@pytest.mark.parametrize(("method_c", "baseline_c", "lo", "hi", "effect", "passes"), [
+    (0, 0, -0.6, -0.4, 0.43, True),    # nothing censored: nothing to bound
+    (3, 0, -0.6, -0.4, 0.43, True),    # below 0, the method censored: each such gain is an upper bound, consistent
+    (0, 1, -0.6, -0.4, 0.43, False),   # below 0, a baseline censored: a lower bound, against the interval's side
+    (0, 1, 0.05, 0.3, 0.43, False),    # below the effect (not reproduced) with a baseline censored: fails too
+    (0, 1, 0.5, 0.7, 0.43, True),      # above the effect and 0: a lower bound only strengthens it
+    (1, 0, 0.5, 0.7, 0.43, False),     # above 0, the method censored: an upper bound, against the interval's side
+    (1, 0, 0.1, 0.3, 0.43, False),     # above 0 though below the effect: reproduced, so the same holds
+    (1, 1, -0.2, 0.6, 0.43, True),     # holds 0 and the effect: asserts nothing
+    (0, 1, -0.3, -0.1, None, False),   # direction only: "below" means below 0
+    (0, 1, -0.1, 0.3, None, True),     # direction only, holding 0
+])
+def test_censoring_passes_when_no_bound_points_against_the_interval(method_c, baseline_c, lo, hi, effect, passes):
+    """The convergence check of a first-passage metric, case by case (a censored run of the claim's method makes
+    its pair's gain an upper bound, one of the baseline a lower bound)."""
+    assert censoring_check(method_c, baseline_c, lo, hi, effect) is passes
+
+
+def test_censoring_check_refuses_a_negative_count():
+    with pytest.raises(ValueError, match="baseline_censored=-1"):
+        censoring_check(0, -1, 0.1, 0.2, None)
