@@ -81,7 +81,9 @@ def test_a_cell_short_of_seeds_is_shown_incomplete_and_its_claims_pending(tmp_pa
     summaries = cafed.write_report(records, tmp_path)
     assert {s.verdict for s in summaries if s.claim.startswith("v1")} == {"pending"}
     # no v2 record: v2's claims are pending at 0 of 20 seeds under the v3 rule, so marked
-    assert {s.verdict for s in summaries if s.claim.startswith("v2")} == {"pending (0/20 seeds) (v2 records, v3 rule)"}
+    assert {s.verdict for s in summaries if s.claim.startswith("v2")} == {
+        f"pending (0/20 seeds; {cafed.STOPPED_V2}) (v2 records, v3 rule)"
+    }
     assert "9/10 (incomplete)" in (tmp_path / "cafed.md").read_text()
 
 
@@ -183,7 +185,7 @@ def test_a_v2_page_at_3_of_20_seeds_is_pending_under_both_rules_and_keeps_the_es
                 for seed in range(3)]
     summaries = {s.claim.split(":")[0]: s for s in cafed.write_report(records, tmp_path)}
     for claim in ("v2, C1", "v2, C2", "v2, C3"):
-        assert summaries[claim].verdict == "pending (3/20 seeds) (v2 records, v3 rule)"
+        assert summaries[claim].verdict == f"pending (3/20 seeds; {cafed.STOPPED_V2}) (v2 records, v3 rule)"
     assert summaries["v2, C1"].ours.startswith("0.0 pp")
     page = (tmp_path / "cafed.md").read_text()
     assert "| pending (3/20 seeds; registered power analysis: needs " in page

@@ -7,6 +7,7 @@ Differences ``[x - 1, x, x + 1]`` have standard deviation 1, so the 95 % half-wi
 2.484138`` and the 97.5 % one (Holm's first step in a family of two) ``6.205347 / sqrt(3) = 3.582659``.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -54,6 +55,18 @@ def test_the_index_text_marks_the_label_and_is_a_valid_summary_verdict():
     pending = _v3.relabel({"P": (*diffs(3, 4, 5), 1.0)}, planned=20)["P"]
     assert pending.index_text() == "pending (3/20 seeds) (v2 records, v3 rule)"
     Summary("claim", "+1", "ours", pending.index_text())  # Summary checks the text before " ("
+
+
+def test_a_stopped_protocols_pending_claim_says_why_and_a_final_one_is_untouched():
+    """A v2 protocol stopped short of its seeds never completes: its pending labels (raw and Holm) carry the reason;
+    a claim already decided keeps its label."""
+    pending = dataclasses.replace(_v3.relabel({"P": (*diffs(3, 4, 5), 1.0)}, planned=20)["P"], stopped="stopped: why")
+    assert pending.index_text() == "pending (3/20 seeds; stopped: why) (v2 records, v3 rule)"
+    assert _v3.cells(pending, lambda m, lo, hi: f"{m:.0f}")[1:] == ("**pending (3/20 seeds; stopped: why)**",
+                                                                   "pending (3/20 seeds; stopped: why)")
+    Summary("claim", "+1", "ours", pending.index_text())
+    final = dataclasses.replace(_v3.relabel({"A": (*diffs(3, 4, 5), 1.0)}, planned=3)["A"], stopped="stopped: why")
+    assert final.index_text() == "reproduced (v2 records, v3 rule)"
 
 
 def test_a_registered_not_testable_never_stands_for_an_incomplete_cell_or_a_settled_interval():

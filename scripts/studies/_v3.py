@@ -38,10 +38,19 @@ class Relabelled:
     raw: Decision
     adjusted: Decision
     family: int
+    #: why a pending claim's protocol stopped short of its planned seeds (it never completes), or ``None``
+    stopped: str | None = None
+
+    def text(self, decision: Decision | None = None) -> str:
+        """``decision``'s label (the raw one by default), a stopped protocol's pending claim saying why."""
+        d = self.raw if decision is None else decision
+        if d.label == "pending" and self.stopped:
+            return f"pending ({d.n}/{d.planned} seeds; {self.stopped})"
+        return d.text()
 
     def index_text(self) -> str:
         """The index's verdict: the v3 label, marked as v2 records under the v3 rule."""
-        return self.raw.text() + MARK
+        return self.text() + MARK
 
 
 def relabel(claims: Mapping[K, tuple[Mapping[int, float], Mapping[int, float], float | None]], planned: int,
@@ -90,7 +99,7 @@ def cells(r: Relabelled, fmt: Callable[[float, float, float], str]) -> tuple[str
     the Holm interval."""
     adj = r.adjusted
     holm = "–" if adj.n < 2 else fmt(adj.mean, adj.lo, adj.hi)
-    return holm, f"**{r.raw.text()}**", adj.text()
+    return holm, f"**{r.text()}**", r.text(adj)
 
 
 def note(family: int, what: str, seen: bool = True) -> str:

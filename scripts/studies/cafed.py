@@ -516,6 +516,9 @@ PLANS = {"v3": MomentumPlan(METHODS, PLANNED_V3, "point"), "v4": MomentumPlan(ME
 #: a protocol whose runs stopped because a later one runs the same cells: its claims stay "pending" (incomplete
 #: cells) and say that they will not fill up (v3 stopped at one record when v4 moved its cells to the vmap engine)
 SUPERSEDED_BY = {"v3": "v4"}
+#: v2 stopped short of its 20 seeds: its cells reset the clients' SGD momentum each round, where the authors' code
+#: keeps it, so v3 replaced the recipe (its pending claims never complete)
+STOPPED_V2 = "stopped: v3 keeps the clients' momentum, as the authors' code does"
 #: a protocol whose records are also judged by a later protocol's convergence check (chosen after seeing them)
 RELABELLED_BY = {"v4": "v5"}
 SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(20)),
@@ -684,7 +687,8 @@ def v3_labels(records: list[dict], setting: str) -> dict[str, _v3.Relabelled]:
                       len(SEEDS_BY_PROTOCOL["v2"]))
     c2 = _v3.Relabelled(_best_of({m: r.raw for m, r in out.items()})[1],
                         _best_of({m: r.adjusted for m, r in out.items()})[1], len(out))
-    return {"C1": out["AdaFed"], "C2": c2, "C3": out["Unbiased"]}
+    claims = {"C1": out["AdaFed"], "C2": c2, "C3": out["Unbiased"]}
+    return {k: dataclasses.replace(r, stopped=STOPPED_V2) for k, r in claims.items()}
 
 
 def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
