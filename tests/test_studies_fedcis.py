@@ -296,6 +296,10 @@ def test_v4_claim_decided_on_holm_over_its_family_with_the_check_over_rounds_34_
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| C3L |"))
     assert "**opposite sign**" in row and row.endswith("| pending (0/12 seeds) |")
     assert any(s.verdict == "opposite sign" and "C3L" in s.claim for s in summaries)
+    assert not any("Not converged at 40 rounds" in line for line in lines)
+    # not converged: the page names the claim and the strategy whose curve moves, with the pilot's caveat
+    text = "\n".join(fedcis._v4_section(records(0.006), [], axes[0])[0])
+    assert "): C3L (Equal Weight +0.60 pp). Those claims get no verdict under v4. The protocol's two-seed" in text
 
 
 def test_v4_futility_stop_ends_a_heads_not_aggregated_cell_whose_drift_is_resolved(monkeypatch):
@@ -315,6 +319,8 @@ def test_v4_futility_stop_ends_a_heads_not_aggregated_cell_whose_drift_is_resolv
 
     stopped = fedcis._v4_claims(records(10, 0.01))["R5L"]
     assert stopped["stopped"] and stopped["decision"].label == "not converged" and stopped["decision"].n == 10
+    (sentence,) = fedcis._v4_unsettled(fedcis._v4_claims(records(10, 0.01)))
+    assert "R5L (stopped: per-run drift resolved; Equal Weight +1.00 pp)" in sentence and "pilot" not in sentence
     assert fedcis._v4_claims(records(9, 0.01))["R5L"]["decision"].text() == "pending (9/20 seeds)"
     running = fedcis._v4_claims(records(10, 0.004))["R5L"]
     assert not running["stopped"] and running["decision"].text() == "pending (10/20 seeds)"

@@ -683,6 +683,26 @@ def _drift_text(d: Drift | None) -> str:
     return "–" if d is None else f"{100 * d.mean:+.2f} [{100 * d.lo:+.2f}, {100 * d.hi:+.2f}]"
 
 
+def _v4_unsettled(claims: dict[str, dict]) -> list[str]:
+    """The v4 page's sentence on the claims that are final and not converged: which strategy's seed-mean curve
+    still moves, and by how much (nothing while none is)."""
+    parts = []
+    for cid, c in claims.items():
+        if c["decision"].label != "not converged":
+            continue
+        moving = [f"{m} {100 * t:+.2f} pp" for m, t in c["tails"].items() if abs(t) >= CONVERGED_BELOW]
+        parts.append(f"{cid} ({'stopped: per-run drift resolved; ' if c['stopped'] else ''}{', '.join(moving)})")
+    if not parts:
+        return []
+    pilot = (" The protocol's two-seed pilot had suggested that 40 rounds would settle the heads-aggregated cells; at "
+             "their planned seeds they do not." if any(claims[p.split(" ")[0]]["heads"] == "heads aggregated"
+                                                       for p in parts) else "")
+    return [f"\n**Not converged at {ROUNDS_V4} rounds** (the seed-mean curve moves by {100 * CONVERGED_BELOW:.1f} pp "
+            f"or more between rounds 34-36 and 38-40): {'; '.join(parts)}. Those claims get no verdict under v4."
+            f"{pilot} As v4 registered, a longer horizon (e.g. 80 rounds, about 260 CPU-s per run) is left to a "
+            "later protocol.\n"]
+
+
 def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
     """Protocol v4: v3's claims in the columns whose v3 cells failed the convergence check, both settings, at 40
     rounds on fresh seeds; the ablation there; each claim's v3 label beside (20 rounds)."""
@@ -740,6 +760,7 @@ def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
         markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
                         "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)",
                         "per-run drift SR / EW (pp, information)", "v4 label", "v3 label (20 rounds)"), crow),
+        *_v4_unsettled(claims),
         "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
         "seeds done so far:\n",
         markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
