@@ -382,10 +382,11 @@ def censoring_check(method_censored: int, baseline_censored: int, lo: float, hi:
     when the baseline's is (both: a gain of either sign). The check fails when a bound points against what the
     paired interval ``[lo, hi]`` asserts: below the paper's ``effect`` (0 when ``None``, a direction-only claim)
     with a baseline run censored, or above 0 with a run of the method censored. An interval holding both 0 and the
-    effect asserts nothing, so it passes. ``method_censored`` and ``baseline_censored`` count censored runs over the
-    paired seeds (a pair with both censored counts on both sides)."""
+    effect asserts nothing, so it passes, and so does an undefined one (NaN ends, as :func:`mean_ci` gives for fewer
+    than 2 seeds). ``method_censored`` and ``baseline_censored`` count censored runs over the paired seeds (a pair
+    with both censored counts on both sides)."""
     if method_censored < 0 or baseline_censored < 0:
         raise ValueError(f"censored counts must be >= 0, got method_censored={method_censored}, "
                          f"baseline_censored={baseline_censored}")
-    bar = 0.0 if effect is None else effect
+    bar = 0.0 if effect is None else effect  # a NaN end compares False on both sides: nothing asserted
     return not ((hi < bar and baseline_censored > 0) or (lo > 0 and method_censored > 0))

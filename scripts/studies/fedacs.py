@@ -495,7 +495,8 @@ def v3_labels(records: list[dict]) -> dict[tuple[str, str], _v3.Relabelled]:
     paper's effect its CIFAR-10 ratio - 1; the Holm family is the v2 claims; planned: v2's seeds. Both of the v3
     rule's checks apply: the convergence check is :func:`censoring`'s on the raw interval (the one v2 registered as
     deciding), the learning rate's is its place in :data:`LR_GRID`."""
-    values, checks = _claim_values(records), v2_censoring(records)
+    values = _claim_values(records)
+    checks = v2_censoring(values)
     claims = {key: (gains, dict.fromkeys(gains, 0.0), effect) for key, (gains, _, _, effect) in values.items()}
     lr_ok = grid_place(BASE["lr"], LR_GRID) == "interior"
     return _v3.relabel(claims, len(SEEDS_BY_PROTOCOL["v2"]), converged={k: c.passes for k, c in checks.items()},
@@ -517,19 +518,17 @@ def _claim_values(records: list[dict]) -> dict[tuple[str, str], tuple[dict, dict
     return out
 
 
-def v2_censoring(records: list[dict]) -> dict[tuple[str, str], Censoring]:
-    """:class:`Censoring` of each v2 claim, on the raw interval of its gains (none from fewer than 2 seeds)."""
-    out = {}
-    for key, (gains, main, base, effect) in _claim_values(records).items():
-        _, lo, hi = mean_ci(list(gains.values())) if len(gains) > 1 else (0.0, -math.inf, math.inf)
-        out[key] = censoring(main, base, lo, hi, effect)
-    return out
+def v2_censoring(values: dict[tuple[str, str], tuple[dict, dict, dict, float]]) -> dict[tuple[str, str], Censoring]:
+    """:class:`Censoring` of each v2 claim (``values``: :func:`_claim_values`), on the raw interval of its gains."""
+    return {key: censoring(main, base, *mean_ci(list(gains.values()))[1:], effect)
+            for key, (gains, main, base, effect) in values.items()}
 
 
 def checks_section(records: list[dict]) -> list[str]:
     """The page's paragraph and table of the v3 rule's two checks on v2's claims."""
+    checks = v2_censoring(_claim_values(records))
     rows = [(f"{setting}: {method} vs FedACS", c.pairs, c.main_censored, c.baseline_censored,
-             "passes" if c.passes else "**fails**") for (setting, method), c in v2_censoring(records).items()]
+             "passes" if c.passes else "**fails**") for (setting, method), c in checks.items()]
     place = grid_place(BASE["lr"], LR_GRID)
     return [
         "**The v3 rule's two checks on v2's claims.** *Learning rate*: every cell runs the client learning rate "

@@ -563,7 +563,7 @@ def v2_checks(recs: list[dict], time_of) -> dict[str, tuple[int, int, bool, bool
     places, out = v2_lr_places(), {}
     for cid, a, b, _, _ in CLAIMS:
         gains, _ = _paired_gains(recs, a, b, time_of)
-        _, lo, hi = mean_ci(list(gains.values())) if len(gains) > 1 else (0.0, -math.inf, math.inf)
+        _, lo, hi = mean_ci(list(gains.values()))
         ca, cb = _censored_sides(recs, a, b, time_of)
         out[cid] = (ca, cb, censoring_check(ca, cb, lo, hi, V3_GAIN[cid]),
                     places[a] == "interior" and places[b] == "interior")

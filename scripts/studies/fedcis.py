@@ -686,17 +686,16 @@ def _drift_text(d: Drift | None) -> str:
 def _v4_unsettled(claims: dict[str, dict]) -> list[str]:
     """The v4 page's sentence on the claims that are final and not converged: which strategy's seed-mean curve
     still moves, and by how much (nothing while none is)."""
+    unsettled = {cid: c for cid, c in claims.items() if c["decision"].label == "not converged"}
+    if not unsettled:
+        return []
     parts = []
-    for cid, c in claims.items():
-        if c["decision"].label != "not converged":
-            continue
+    for cid, c in unsettled.items():
         moving = [f"{m} {100 * t:+.2f} pp" for m, t in c["tails"].items() if abs(t) >= CONVERGED_BELOW]
         parts.append(f"{cid} ({'stopped: per-run drift resolved; ' if c['stopped'] else ''}{', '.join(moving)})")
-    if not parts:
-        return []
     pilot = (" The protocol's two-seed pilot had suggested that 40 rounds would settle the heads-aggregated cells; at "
-             "their planned seeds they do not." if any(claims[p.split(" ")[0]]["heads"] == "heads aggregated"
-                                                       for p in parts) else "")
+             "their planned seeds they do not." if any(c["heads"] == "heads aggregated" for c in unsettled.values())
+             else "")
     return [f"\n**Not converged at {ROUNDS_V4} rounds** (the seed-mean curve moves by {100 * CONVERGED_BELOW:.1f} pp "
             f"or more between rounds 34-36 and 38-40): {'; '.join(parts)}. Those claims get no verdict under v4."
             f"{pilot} As v4 registered, a longer horizon (e.g. 80 rounds, about 260 CPU-s per run) is left to a "

@@ -406,6 +406,7 @@ def test_a_power_exactly_at_the_target_is_enough():
     (0, 1, -0.1, 0.3, None, True),     # direction only, holding 0
     (0, 1, -0.1, 0.43, 0.43, True),    # hi at the effect: the effect is inside (decide's not reproduced is hi < g)
     (1, 0, 0.0, 0.3, 0.43, True),      # lo at 0: 0 is inside (decide's reproduced is lo > 0)
+    (1, 1, math.nan, math.nan, 0.43, True),  # no interval yet (fewer than 2 seeds): asserts nothing
 ])
 def test_censoring_passes_when_no_bound_points_against_the_interval(method_c, baseline_c, lo, hi, effect, passes):
     """The convergence check of a first-passage metric, case by case (a censored run of the claim's method makes
