@@ -194,7 +194,10 @@ def test_v2_labels_take_the_convergence_check_of_v3_runs_of_the_same_setting():
 
     failing = verdicts(*records(0.006))
     assert failing["20-35-45"] == "not converged (v2 records, v3 rule)"
-    assert failing["80-15-5"] == "reproduced (v2 records, v3 rule; convergence not shown)"
+    # protocol v5 registered C5 (80-15-5, heads aggregated) as this column's check: pending until it has its seeds
+    assert failing["80-15-5"] == "reproduced (v2 records, v3 rule; convergence check pending)"
+    assert fedcis.setting_checks(fedcis._v3_claims(records(0.006)[1]))["80-15-5"] == (
+        "not shown", "not shown (no v3 run of this setting)")
     assert verdicts(*records(0.004))["20-35-45"] == "opposite sign (v2 records, v3 rule)"
     assert verdicts(*records(0.006, range(10, 15)))["20-35-45"] == (
         "opposite sign (v2 records, v3 rule; convergence check pending)")
@@ -230,7 +233,7 @@ def test_v3_ablation_pairs_v2_records_with_the_released_code_runs():
 # ------------------------------------------------------------------------------------------------------ protocol v4
 def test_v4_runs_both_settings_of_the_columns_that_failed_at_40_rounds_on_fresh_seeds():
     # protocol v4: v3's registered fallback, both settings of each column whose v3 cell failed the check, 40 rounds
-    assert fedcis.PROTOCOL == "v4" and fedcis.CELLS == fedcis.CELLS_V4
+    assert fedcis.CELLS_V4[0].config["rounds"] == fedcis.ROUNDS_V4 == 40
     assert {(col, heads) for _, col, heads in fedcis.CLAIMS_V4} == {
         (col, heads) for col in fedcis.COLUMNS_V4 for heads in fedcis.HEADS}
     assert [cid for cid, _, _ in fedcis.CLAIMS_V4] == [cid + "L" for cid, col, _ in fedcis.CLAIMS_V3
@@ -328,3 +331,98 @@ def test_v4_futility_stop_ends_a_heads_not_aggregated_cell_whose_drift_is_resolv
     monkeypatch.setitem(fedcis.PLAN_V4, "C3L", range(100, 120))
     agg = [{**r, "setting": "10-30-60, heads aggregated, 40 rounds"} for r in records(10, 0.01)]
     assert fedcis._v4_claims(agg)["C3L"]["decision"].text() == "pending (10/20 seeds)"
+
+
+# ------------------------------------------------------------------------------------------------------ protocol v5
+def test_v5_confirms_r1_and_v2s_unchecked_columns_in_v3s_setting_on_fresh_seeds():
+    # protocol v5: R1c (80-15-5, heads not aggregated), C5 (80-15-5) and C6 (60-30-10) heads aggregated; planned
+    # seeds 16, 10, 10 from 200, disjoint from v3's 0-24, v4's 100-119 and the pilots' 900-901
+    assert fedcis.PROTOCOL == "v5" and fedcis.CELLS == fedcis.CELLS_V5 and fedcis.SEEDS == fedcis.SEEDS_V5
+    assert fedcis.CLAIMS_V5 == (("R1c", "80-15-5", "heads not aggregated"), ("C5", "80-15-5", "heads aggregated"),
+                                ("C6", "60-30-10", "heads aggregated"))
+    assert {cid: (plan[0], len(plan)) for cid, plan in fedcis.PLAN_V5.items()} == {
+        "R1c": (200, 16), "C5": (200, 10), "C6": (200, 10)}
+    seeds = set().union(*map(set, fedcis.PLAN_V5.values()))
+    assert seeds == set(fedcis.SEEDS_V5)
+    assert not seeds & (set(fedcis.SEEDS_V3) | set(fedcis.SEEDS_V4) | {900, 901})
+    assert [(c.setting, c.method) for c in fedcis.CELLS_V5][:2] == [
+        ("80-15-5, heads not aggregated", "Serving Rate"), ("80-15-5, heads not aggregated", "Equal Weight")]
+    for cell in fedcis.CELLS_V5:  # v3's cell of the same setting and method, but for the column (C5, C6)
+        column, heads = cell.setting.split(", ")
+        (v3,) = [c for c in fedcis.CELLS_V3 if c.method == cell.method and c.setting.endswith(", " + heads)
+                 and c.config["serving"] == ("80-15-5" if heads == "heads not aggregated" else "45-35-20")]
+        assert cell.config == {**v3.config, "serving": column} and cell.config["rounds"] == 20
+
+
+def _v5_record(setting: str, method: str, seed: int, final: float, late: float = 0.0) -> dict:
+    return {**_v3_record(setting, method, seed, final, late), "protocol": "v5"}
+
+
+def test_v5_claim_decided_on_holm_over_its_family_of_three():
+    """R1c, seeds 200-215: Serving Rate - Equal Weight = 6 pp +- 0.5 pp alternating, sd = 0.5 sqrt(16/15) =
+    0.51640 pp. C5 and C6 have no record, so Holm's first step puts R1c at 1 - 0.05/3: half-width
+    t_{0.991667, 15} sd / 4 = 2.69374 (scipy) x 0.51640 / 4 = 0.34776 pp -> [5.65, 6.35] pp: reproduced. Equal
+    Weight's round 18 0.6 pp below its round 20 -> |tail_change| = 0.6 pp >= 0.5: not converged."""
+    def records(late: float) -> list[dict]:
+        out = []
+        for k, seed in enumerate(fedcis.PLAN_V5["R1c"]):
+            d = 0.06 + 0.005 * (1 if k % 2 else -1)
+            out += [_v5_record("80-15-5, heads not aggregated", "Serving Rate", seed, 0.70 + d),
+                    _v5_record("80-15-5, heads not aggregated", "Equal Weight", seed, 0.70, late)]
+        return out
+
+    claims = fedcis._v5_claims(records(0.004))
+    assert claims["R1c"]["holm"][1] == pytest.approx(0.06 - 0.0034776, abs=1e-6)
+    assert claims["R1c"]["holm"][2] == pytest.approx(0.06 + 0.0034776, abs=1e-6)
+    assert claims["R1c"]["decision"].label == "reproduced"
+    assert claims["C5"]["decision"].text() == "pending (0/10 seeds)"
+    # seeds outside the plan (v3's R1 ran seeds 0-9 of the same setting name) do not count
+    stray = [{**r, "seed": r["seed"] - 200} for r in records(0.004)]
+    assert fedcis._v5_claims(stray)["R1c"]["decision"].text() == "pending (0/16 seeds)"
+    assert fedcis._v5_claims(records(0.006))["R1c"]["decision"].label == "not converged"
+    # the page: v5's label beside v3's label of R1 (no v3 record here: pending at 0 of 10)
+    from lightning_fedhet.experiments import new_figure
+
+    fig, axes = new_figure()
+    lines, summaries = fedcis._v5_section(fedcis._v5_claims(records(0.006)), [], [], axes[0])
+    row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| R1c |"))
+    assert "**not converged**" in row and row.endswith("| v3 R1: pending (0/10 seeds) |")
+    assert "**Not converged at 20 rounds**: R1c (Equal Weight +0.60 pp)." in "\n".join(lines)
+    assert [s.verdict for s in summaries] == ["not converged", "pending (0/10 seeds)", "pending (0/10 seeds)"]
+
+
+def test_v2_labels_of_80_15_5_and_60_30_10_take_the_check_of_v5s_c5_and_c6():
+    """v2's 80-15-5 records: +6 pp +- 0.5 pp alternating over seeds 0-9, reproduced on the raw interval (as above).
+    v5's C5 (the same setting, seeds 200-209) gives their check: Equal Weight 0.6 pp lower at round 18 than at 20
+    (>= 0.5 pp) -> "not converged"; 0.4 pp -> the label stands with nothing appended; 5 of 10 seeds -> pending."""
+    from lightning_fedhet.experiments import new_figure
+
+    def records(late: float, seeds: range = range(200, 210)) -> list[dict]:
+        out = []
+        for seed in range(10):
+            d = 0.005 * (1 if seed % 2 else -1)
+            out += [_v2_record("80-15-5", "Serving Rate", seed, 0.76 + d),
+                    _v2_record("80-15-5", "Equal Weight", seed, 0.70)]
+        for seed in seeds:
+            out += [_v5_record("80-15-5, heads aggregated", "Serving Rate", seed, 0.76),
+                    _v5_record("80-15-5, heads aggregated", "Equal Weight", seed, 0.70, late)]
+        return out
+
+    def verdict(recs: list[dict]) -> str:
+        fig, axes = new_figure()
+        v2 = [r for r in recs if r["protocol"] == "v2"]
+        _, summaries = fedcis._v2_section(v2, recs, axes[0])
+        return next(s.verdict for s in summaries if s.claim.startswith("v2, Table 5.1, 80-15-5:"))
+
+    assert verdict(records(0.006)) == "not converged (v2 records, v3 rule)"
+    assert verdict(records(0.004)) == "reproduced (v2 records, v3 rule)"
+    assert verdict(records(0.004, range(200, 205))) == (
+        "reproduced (v2 records, v3 rule; convergence check pending)")
+    v5 = fedcis._v5_claims([r for r in records(0.004) if r["protocol"] == "v5"])
+    assert fedcis.setting_checks({cid: {"diffs": [], "converged": False} for cid in fedcis.PLAN}, v5)[
+        "80-15-5"] == ("passes", "passes (C5, seeds 200-209)")
+    # v5's page shows C5's earlier label: v2's records under the v3 rule, before any check
+    fig, axes = new_figure()
+    lines, _ = fedcis._v5_section(v5, [], [r for r in records(0.004) if r["protocol"] == "v2"], axes[0])
+    row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| C5 |"))
+    assert row.endswith("| v2 records: reproduced, convergence not shown |")

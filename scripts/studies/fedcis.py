@@ -5,8 +5,10 @@ coincide), the released code's base with the exit heads aggregated, each node's 
 Protocol v3 (``CELLS_V3``): every column again in the setting the released code runs, its exit heads *not*
 aggregated (``FedCIS(aggregate_heads=False)``), beside fresh confirmatory seeds of v2's setting where v2's label changed
 under the v3 decision rule; the ablation of the two settings and the sign pattern against both of Table 5.1's rows.
-Protocol v4 (``CELLS``): v3's registered fallback for its convergence check, both settings of the columns whose v3
-cells failed it, at 40 rounds on fresh seeds.
+Protocol v4 (``CELLS_V4``): v3's registered fallback for its convergence check, both settings of the columns whose
+v3 cells failed it, at 40 rounds on fresh seeds. Protocol v5 (``CELLS``): confirmations in v3's setting on fresh
+seeds, the released code's 80-15-5 (v3's R1, inconclusive) powered to a verdict and v2's setting in the two columns
+whose label had no convergence check.
 
 The 7-node tree (``CISTopology.preset("7-node", column)``): 4 leaves hold exit 1, 2 middle nodes exit 2, the
 root exit 3; requests arrive at the leaves (at 80-15-5 the serving rates are Lambda = (0.80, 0.15, 0.05)). Equal data
@@ -255,7 +257,6 @@ CELLS_V3 = tuple(Cell(v3_setting(column, heads), method,
 # v3's registered fallback: in a column where a v3 cell failed the convergence check at its planned seeds, both
 # settings run again at 40 rounds (the cosine schedule anneals over the 40), evaluated every 2 rounds, on fresh seeds.
 # The check is v3's: |tail_change| < 0.5 pp, now the mean of rounds 38-40 minus that of rounds 34-36.
-PROTOCOL = "v4"
 ROUNDS_V4 = 40
 #: the columns where a v3 cell failed the check at its planned seeds (protocol v4, "Cells")
 COLUMNS_V4 = ("20-35-45", "10-30-60", "5-15-80")
@@ -286,8 +287,29 @@ CELLS_V4 = tuple(Cell(v4_setting(column, heads), method,
                       {**BASE_V4, "serving": column, "aggregate_heads": HEADS[heads]})
                  for _, column, heads in sorted(CLAIMS_V4, key=lambda c: c[2] != "heads aggregated")
                  for method in STRATEGIES)
-CELLS = CELLS_V4
-SEEDS = SEEDS_V4
+
+
+# ------------------------------------------------------------------------------------------------ protocol v5 cells
+# Confirmations at v3's horizon and in v3's setting (20 rounds, evaluations every 2 rounds, v3's check), on fresh
+# seeds: R1c, the thesis's headline column in the released code's setting (v3's R1 was inconclusive at 10 seeds), and
+# C5, C6, v2's setting in the two columns whose v2 label ("reproduced") stood without a convergence check (v2's
+# records evaluate rounds 10 and 20 only, and v3 ran no confirmatory cell there). C5 and C6 also give v2's records of
+# those columns their check (:func:`setting_checks`), as v3's C1-C4 did for theirs.
+PROTOCOL = "v5"
+#: v5's claims, (id, column, heads), in the protocol's priority order
+CLAIMS_V5 = (("R1c", "80-15-5", "heads not aggregated"), ("C5", "80-15-5", "heads aggregated"),
+             ("C6", "60-30-10", "heads aggregated"))
+#: planned seeds per claim (protocol v5: 80 % power at the Bonferroni level of v5's family of 3, 1 - 0.05/3, to
+#: resolve the thesis's CIFAR10 gain (R1c: v3's R1 paired SD; C5, C6: v2's paired SDs, also enough for v2's means);
+#: at least 10; fresh, from 200)
+PLAN_V5 = {"R1c": range(200, 216), "C5": range(200, 210), "C6": range(200, 210)}
+SEEDS_V5 = tuple(range(200, 216))
+#: v5's cells: v3's setting names and configurations (the records are told apart by their protocol)
+CELLS_V5 = tuple(Cell(v3_setting(column, heads), method,
+                      {**BASE_V3, "serving": column, "aggregate_heads": HEADS[heads]})
+                 for _, column, heads in CLAIMS_V5 for method in STRATEGIES)
+CELLS = CELLS_V5
+SEEDS = SEEDS_V5
 
 
 # --------------------------------------------------------------------------------------------------------- report
@@ -363,33 +385,39 @@ def v2_verdict(column: str, mean: float, lo: float, hi: float, complete: bool, n
     return verdict_for_gain(lo, mean, hi, paper_gain(column))
 
 
-def setting_checks(claims: dict[str, dict]) -> dict[str, tuple[str, str]]:
-    """Per serving column, v3's convergence check of the heads-aggregated setting (v2's setting) from v3's claims
-    (:func:`_v3_claims`), ``{column:
-    (state, text)}``: the state is ``"passes"`` or ``"fails"`` once the column's confirmatory claim (C1-C4) has its
-    planned seeds, ``"pending"`` before, ``"not shown"`` where v3 runs no confirmatory cell (80-15-5, 60-30-10).
+def setting_checks(claims: dict[str, dict], claims_v5: dict[str, dict] | None = None) -> dict[str, tuple[str, str]]:
+    """Per serving column, the convergence check of the heads-aggregated setting (v2's setting) from v3's claims
+    (:func:`_v3_claims`) or, in 80-15-5 and 60-30-10, v5's (:func:`_v5_claims`), ``{column: (state, text)}``: the
+    state is ``"passes"`` or ``"fails"`` once the column's confirmatory claim (C1-C6) has its planned seeds,
+    ``"pending"`` before, ``"not shown"`` where no protocol runs a confirmatory cell (``claims_v5`` not given).
 
-    v2's records evaluate rounds 10 and 20 only, so the check cannot be computed on them; protocol v3 says its
-    confirmatory runs, the same setting on fresh seeds, give that setting's check."""
+    v2's records evaluate rounds 10 and 20 only, so the check cannot be computed on them; protocols v3 and v5 say
+    their confirmatory runs, the same setting on fresh seeds, give that setting's check."""
     out = {}
     for column in COLUMNS:
-        cid = next((k for k, col, heads in CLAIMS_V3 if col == column and heads == "heads aggregated"), None)
-        if cid is None:
+        source = next(((cid, claims, PLAN) for cid, col, heads in CLAIMS_V3
+                       if col == column and heads == "heads aggregated"), None)
+        if source is None and claims_v5 is not None:
+            source = next(((cid, claims_v5, PLAN_V5) for cid, col, heads in CLAIMS_V5
+                           if col == column and heads == "heads aggregated"), None)
+        if source is None:
             out[column] = ("not shown", "not shown (no v3 run of this setting)")
             continue
-        c, planned = claims[cid], len(PLAN[cid])
+        cid, found, plans = source
+        c, planned = found[cid], len(plans[cid])
         if len(c["diffs"]) < planned:
             out[column] = ("pending", f"pending ({cid}: {len(c['diffs'])}/{planned} seeds)")
         else:
             state = "passes" if c["converged"] else "fails"
             out[column] = (state, f"{'**fails**' if state == 'fails' else 'passes'} ({cid}, seeds "
-                                  f"{PLAN[cid].start}-{PLAN[cid].stop - 1})")
+                                  f"{plans[cid].start}-{plans[cid].stop - 1})")
     return out
 
 
 def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], list]:
     sd, n_sd = power_sd(records)
-    checks = setting_checks(_v3_claims([r for r in records if r["protocol"] == "v3"]))
+    checks = setting_checks(_v3_claims([r for r in records if r["protocol"] == "v3"]),
+                            _v5_claims([r for r in records if r["protocol"] == "v5"]))
     rows, prow, power_rows, summaries, pairs, registered = [], [], [], [], {}, {}
     for i, column in enumerate(COLUMNS):
         for method in STRATEGIES:
@@ -460,8 +488,9 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
         f"{100 * CONVERGED_BELOW:.1f} pp between rounds 18 and 20) cannot be computed on them; v3's confirmatory runs "
         "of the same setting on fresh seeds (C1-C4) give the setting's check (column \"v3 check of this setting\"). "
         "Where that check fails, the v3 label of v2's records is **not converged**; this was applied after v3's "
-        "C2 and C3 had been seen. 80-15-5 and 60-30-10 have no v3 run of this setting: their label stands, and the "
-        "index says their convergence is not shown.\n",
+        "C2 and C3 had been seen. 80-15-5 and 60-30-10 have no v3 run of this setting; protocol v5 runs it there on "
+        "fresh seeds (C5, C6) and registered, before its runs, that their check is these columns' check. Until "
+        "they have their planned seeds the label stands and the index says the check is pending.\n",
         markdown_table(("serving", "seeds", "ours (raw 95 % CI)", "thesis CIFAR10", "thesis CIFAR100",
                         "v2 label (registered rule)", "v3 check of this setting", *_v3.HEADER), prow),
         "\n![v2: paired difference per serving column, ours and the thesis's](fedcis/columns-v2.png)\n",
@@ -486,6 +515,11 @@ def _v3_claims(recs: list[dict]) -> dict[str, dict]:
     """Per v3 claim: per-seed CIS of both strategies over its planned seeds, the convergence check, the Holm
     interval over the 10 claims and :func:`decide`'s label on it."""
     return _claims(recs, CLAIMS_V3, PLAN, v3_setting)
+
+
+def _v5_claims(recs: list[dict]) -> dict[str, dict]:
+    """As :func:`_v3_claims`, for v5's claims (Holm over v5's family of 3; no futility stop)."""
+    return _claims(recs, CLAIMS_V5, PLAN_V5, v3_setting)
 
 
 def _v4_claims(recs: list[dict]) -> dict[str, dict]:
@@ -562,9 +596,11 @@ def _ablation_rows(gains_agg: dict[str, dict[int, float]], gains_not: dict[str, 
     return rows
 
 
-def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
+def _v3_section(recs: list[dict], v2: list[dict], ax, claims_v5: dict[str, dict] | None = None
+                ) -> tuple[list[str], list]:
     """Protocol v3: the released code (heads not aggregated) per column, the confirmatory heads-aggregated seeds,
-    the ablation (heads aggregated minus not) and the sign pattern against both of Table 5.1's rows."""
+    the ablation (heads aggregated minus not) and the sign pattern against both of Table 5.1's rows (v2's setting
+    marked "?" in a column whose check, v3's or v5's (``claims_v5``, :func:`_v5_claims`), fails)."""
     claims = _v3_claims(recs)
     pp = functools.partial(fmt_ci, unit=" pp")
     rows, crow, power_rows, summaries = [], [], [], []
@@ -608,7 +644,7 @@ def _v3_section(recs: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
     v2_holm = family_intervals(v2_gain, method="holm")
     released = {c["column"]: c for c in claims.values() if c["heads"] == "heads not aggregated"}
     ours_new = [_sign(*released[col]["holm"][1:]) if released[col]["decision"].final else "?" for col in COLUMNS]
-    checks = setting_checks(claims)
+    checks = setting_checks(claims, claims_v5)
     ours_v2 = [_sign(*v2_holm[col][1:]) if checks[col][0] != "fails" else "?" for col in COLUMNS]
     rows_sign = {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
 
@@ -683,16 +719,19 @@ def _drift_text(d: Drift | None) -> str:
     return "–" if d is None else f"{100 * d.mean:+.2f} [{100 * d.lo:+.2f}, {100 * d.hi:+.2f}]"
 
 
+def _moving(claim: dict) -> str:
+    """The strategies whose seed-mean curve fails the convergence check in ``claim``, with their tail change."""
+    return ", ".join(f"{m} {100 * t:+.2f} pp" for m, t in claim["tails"].items() if abs(t) >= CONVERGED_BELOW)
+
+
 def _v4_unsettled(claims: dict[str, dict]) -> list[str]:
     """The v4 page's sentence on the claims that are final and not converged: which strategy's seed-mean curve
     still moves, and by how much (nothing while none is)."""
     unsettled = {cid: c for cid, c in claims.items() if c["decision"].label == "not converged"}
     if not unsettled:
         return []
-    parts = []
-    for cid, c in unsettled.items():
-        moving = [f"{m} {100 * t:+.2f} pp" for m, t in c["tails"].items() if abs(t) >= CONVERGED_BELOW]
-        parts.append(f"{cid} ({'stopped: per-run drift resolved; ' if c['stopped'] else ''}{', '.join(moving)})")
+    parts = [f"{cid} ({'stopped: per-run drift resolved; ' if c['stopped'] else ''}{_moving(c)})"
+             for cid, c in unsettled.items()]
     pilot = (" The protocol's two-seed pilot had suggested that 40 rounds would settle the heads-aggregated cells; at "
              "their planned seeds they do not." if any(c["heads"] == "heads aggregated" for c in unsettled.values())
              else "")
@@ -777,6 +816,79 @@ def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
     ]
     return lines, summaries
 
+def _v2_label_before_v5(v2: list[dict], column: str) -> str:
+    """v2's records of ``column`` under the v3 rule on their raw interval, before any convergence check (the state
+    v5's C5 and C6 start from; the raw interval does not depend on the family)."""
+    sr, ew = (by_seed([r for r in v2 if r["setting"] == column], cis, method=m) for m in STRATEGIES)
+    return _v3.relabel({column: (sr, ew, paper_gain(column))}, len(SEEDS_V2))[column].text()
+
+
+def _v5_section(claims: dict[str, dict], v3: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
+    """Protocol v5 (``claims``: :func:`_v5_claims`): confirmations in v3's setting on fresh seeds, each claim's
+    earlier label beside (R1c: v3's R1; C5, C6: v2's records under the v3 rule, convergence not shown)."""
+    before = _v3_claims(v3)
+    pp = functools.partial(fmt_ci, unit=" pp")
+    crow, rows, power_rows, summaries = [], [], [], []
+    for cid, c in claims.items():
+        cell, plan = c["cell"], PLAN_V5[cid]
+        for method in STRATEGIES:
+            rs = [r for r in cell if r["method"] == method]
+            rows.append((c["column"], c["heads"], method, seeds_done(len(rs), len(plan)),
+                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
+        dec = c["decision"]
+        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
+        check = "–" if dec.n == 0 else ("passes" if c["converged"] else "**fails**")
+        earlier = (f"v3 R1: {before['R1']['decision'].text()}" if cid == "R1c" else
+                   f"v2 records: {_v2_label_before_v5(v2, c['column'])}, convergence not shown")
+        crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(plan)}", pp(*c["raw"]), pp(*c["holm"]),
+                     f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
+                     f"{tails} ({check})", " / ".join(_drift_text(d) for d in c["drifts"].values()),
+                     f"**{dec.text()}**", earlier))
+        sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
+        power_rows.append((cid, c["column"], c["heads"], len(plan), "–" if math.isnan(sd) else f"{100 * sd:.2f}",
+                           "–" if math.isnan(sd) else str(_power.seeds_80(sd, paper_gain(c["column"])) or "> 10,000")))
+        summaries.append(Summary(
+            f"v5, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, {c['heads']})",
+            f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
+            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
+        for j, method in enumerate(STRATEGIES):  # the seed-mean curves: what the convergence check reads
+            xs, ys = seed_mean_curve([r for r in cell if r["method"] == method])
+            if xs:
+                ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], color=f"C{len(crow) - 1}",
+                        label=f"{cid} {method} (n={len(cell) // 2})")
+    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title="protocol v5: 20 rounds")
+    if ax.lines:
+        ax.legend(fontsize=6)
+    unsettled = [f"{cid} ({_moving(c)})" for cid, c in claims.items() if c["decision"].label == "not converged"]
+    lines = [
+        "## Results, protocol v5\n",
+        "Confirmations in v3's setting (20 rounds, evaluations every 2 rounds) on fresh seeds: **R1c**, the thesis's "
+        "headline column 80-15-5 in the released code's setting (heads not aggregated; v3's R1 was inconclusive at "
+        "10 seeds), and **C5**, **C6**, v2's setting (heads aggregated) in the two columns whose v2 label stood "
+        "without a convergence check (v2's records evaluate rounds 10 and 20 only). C5's and C6's check is also "
+        "the check of v2's records of those columns (protocol v5, registered before its runs). Decision rule as "
+        "v3's: `lightning_fedhet.experiments.decide` on the **Holm-adjusted** interval over the family of the "
+        f"{len(CLAIMS_V5)} claims below, g = the thesis's CIFAR10 difference; pending until a claim has its planned "
+        f"seeds; **not converged** when the seed-mean CIS accuracy of either strategy moves by "
+        f"{100 * CONVERGED_BELOW:.1f} pp or more between rounds 18 and 20 (`tail_change`, tail 0.2). The "
+        f"per-run drift (`drift_check`) is information. {LR_TEXT}\n",
+        markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
+                        "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)",
+                        "per-run drift SR / EW (pp, information)", "v5 label", "earlier label"), crow),
+        *([f"\n**Not converged at 20 rounds**: {'; '.join(unsettled)}. Those claims get no verdict under v5.\n"]
+          if unsettled else []),
+        "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
+        "seeds done so far:\n",
+        markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
+                       rows),
+        "\nPower (v5's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
+        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+                       power_rows),
+        "\n![v5: seed-mean CIS accuracy against rounds, per claim and strategy](fedcis/curves-v5.png)\n",
+    ]
+    return lines, summaries
+
+
 def write_report(records: list[dict], out) -> list:
     out_dir = out / "fedcis"
     lines = [
@@ -785,7 +897,9 @@ def write_report(records: list[dict], out) -> list:
         "Protocols: [v1](fedcis/protocol-v1.md) (80-15-5 only), [v2](fedcis/protocol-v2.md) (every serving "
         "column), [v3](fedcis/protocol-v3.md) (the released code's aggregation, which leaves the exit heads out, "
         "beside v2's; confirmatory seeds; the ablation) and [v4](fedcis/protocol-v4.md) (the columns whose v3 cells "
-        "did not converge, at 40 rounds), each committed before its runs; each lists every departure "
+        "did not converge, at 40 rounds) and [v5](fedcis/protocol-v5.md) (confirmations in v3's setting: the "
+        "released code's 80-15-5, and v2's setting where its label had no convergence check), each committed before "
+        "its runs; each lists every departure "
         "from the thesis's setting and the reason.\n",
         "## Claim (quoted from the thesis)\n",
         "Ch. 5, Table 5.1 (equal data partition, 7-node tree, p = 0): \"Serving Rate\" (Lambda-tilde = Lambda) "
@@ -812,22 +926,31 @@ def write_report(records: list[dict], out) -> list:
     save_figure(fig, out_dir / "columns-v2.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
     v3_recs = [r for r in records if r["protocol"] == "v3"]
-    v3_lines, v3_summaries = _v3_section(v3_recs, v2_recs, axes[0])
+    v5_claims = _v5_claims([r for r in records if r["protocol"] == "v5"])
+    v3_lines, v3_summaries = _v3_section(v3_recs, v2_recs, axes[0], v5_claims)
     save_figure(fig, out_dir / "columns-v3.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
     v4_lines, v4_summaries = _v4_section([r for r in records if r["protocol"] == "v4"], v3_recs, axes[0])
     save_figure(fig, out_dir / "curves-v4.png")
-    plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V4[cid][0]}-{PLAN_V4[cid][-1]} "
-             f"--settings '{v4_setting(column, heads)}'   # {cid}" for cid, column, heads in CLAIMS_V4]
-    lines += v4_lines + v3_lines + v2_lines + v1_lines + reproduce_section(records, (
-        f"# v4: each claim's planned seeds (a plain `run fedcis` runs seeds {SEEDS_V4[0]}-{SEEDS_V4[-1]} of every "
+    fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
+    v5_lines, v5_summaries = _v5_section(v5_claims, v3_recs, v2_recs, axes[0])
+    save_figure(fig, out_dir / "curves-v5.png")
+    plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V5[cid][0]}-{PLAN_V5[cid][-1]} "
+             f"--settings '{v3_setting(column, heads)}'   # {cid}" for cid, column, heads in CLAIMS_V5]
+    plans_v4 = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V4[cid][0]}-"
+                f"{PLAN_V4[cid][-1]} --settings '{v4_setting(column, heads)}'   # {cid}"
+                for cid, column, heads in CLAIMS_V4]
+    lines += v5_lines + v4_lines + v3_lines + v2_lines + v1_lines + reproduce_section(records, (
+        f"# v5: each claim's planned seeds (a plain `run fedcis` runs seeds {SEEDS_V5[0]}-{SEEDS_V5[-1]} of every "
         "cell, more than planned)",
         *plans,
+        "# v4: from a checkout of the commit its records name (from v5 on, `run fedcis` runs v5's cells)",
+        *plans_v4,
         "python scripts/reproduce.py report                                  # this page, from the records",
     ))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedcis.md").write_text("\n".join(lines) + "\n")
-    return v4_summaries + v3_summaries + v2_summaries + summaries
+    return v5_summaries + v4_summaries + v3_summaries + v2_summaries + summaries
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
