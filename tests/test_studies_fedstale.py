@@ -90,7 +90,7 @@ def test_stacked_seeds_give_each_seed_its_single_seed_run():
 
 def _v3_record(beta, seed, acc, late=0.0):
     """A v3 record whose accuracy is ``acc`` at every evaluation, plus ``late`` from round 136 on."""
-    cell = next(c for c in fedstale.CELLS if c.config["beta"] == beta)
+    cell = next(c for c in fedstale.V3_CELLS if c.config["beta"] == beta)
     rounds = list(range(2, 151, 2))
     return {"study": "fedstale", "protocol": "v3", "setting": cell.setting, "method": cell.method, "seed": seed,
             "commit": "abc", "dirty": False, "engine": "vmap", "device": "cpu", "torch": "2", "wall_s": 1.0,
@@ -106,7 +106,7 @@ def test_v3_claims_by_the_rule_on_holm_intervals_and_the_convergence_check(tmp_p
     on: its tail change (rounds 136-150 minus 121-135) is +2 pp > 1 pp -> C2 and C4 not converged, C1 and C3 not."""
     def records(late_for_beta1=0.0):
         out = []
-        for seed in fedstale.SEEDS:
+        for seed in fedstale.V3_SEEDS:
             wiggle = 0.001 if seed % 2 else -0.001
             out += [_v3_record(0.0, seed, 0.70), _v3_record(0.8, seed, 0.71), _v3_record(0.2, seed, 0.70),
                     _v3_record(1.0, seed, 0.70, late_for_beta1),
@@ -122,6 +122,47 @@ def test_v3_claims_by_the_rule_on_holm_intervals_and_the_convergence_check(tmp_p
     assert labels["C2"] == "not converged" and labels["C4"] == "not converged"
     page = (tmp_path / "fedstale.md").read_text()
     assert "+2.00 pp" in page and "0.316228 (interior)" in page
-    short = [r for r in records() if r["seed"] != fedstale.SEEDS[-1]]
+    short = [r for r in records() if r["seed"] != fedstale.V3_SEEDS[-1]]
     labels = {s.claim.split()[0]: s.verdict for s in fedstale.write_report(short, tmp_path) if s.claim.endswith("[v3]")}
     assert set(labels.values()) == {"pending (17/18 seeds)"}
+
+
+def test_v4_runs_c2s_two_cells_of_v3_on_74_fresh_seeds():
+    # protocol v4: beta 0.8 and FedVARP in v3's setting; 74 seeds (80 % power for 0.31 pp at v3's paired SD of C2,
+    # 0.94 pp), none used by v1-v3 (0-37) or the pilots (100)
+    assert fedstale.PROTOCOL == "v4" and fedstale.V4_CLAIM == "C2"
+    assert fedstale.SEEDS == tuple(range(200, 274)) and len(fedstale.SEEDS) == 74
+    assert not set(fedstale.SEEDS) & (set(range(38)) | {100})
+    assert [c.config["beta"] for c in fedstale.CELLS] == [0.8, 1.0]
+    for cell in fedstale.CELLS:
+        (v3,) = [c for c in fedstale.V3_CELLS if c.method == cell.method]
+        assert (cell.setting, cell.config) == (v3.setting, v3.config)
+    # the canary stays v3's first cell (its committed record)
+    assert fedstale.CANARY.setting == fedstale.V3_CELLS[0].setting and fedstale.CANARY.config["beta"] == 0.0
+    from lightning_fedhet.experiments import seeds_for_power
+    assert seeds_for_power(0.00939, 0.0031) in (73, 74, 75)  # the plan from v3's SD (0.939 pp, 18 seeds)
+
+
+def test_v4_decides_c2_on_its_raw_interval_with_v3s_checks(tmp_path):
+    """74 seeds: beta 0.8 - FedVARP = +0.1 pp +- 0.5 pp alternating (37 each), sd = 0.5 sqrt(74/73) = 0.50341 pp,
+    half-width t_{0.975, 73} sd / sqrt(74) = 1.99300 (scipy) x 0.50341 / 8.60233 = 0.11663 pp -> [-0.017, 0.217] pp:
+    holds 0 and lies below 0.31 pp -> not reproduced. FedVARP's curve 2 pp higher from round 136 on: tail change
+    +2 pp >= 1 pp -> not converged. 73 seeds -> pending."""
+    def records(late: float = 0.0, seeds=fedstale.SEEDS) -> list[dict]:
+        out = []
+        for k, seed in enumerate(seeds):
+            d = 0.001 + (0.005 if k % 2 else -0.005)
+            out += [{**_v3_record(0.8, seed, 0.76 + d), "protocol": "v4"},
+                    {**_v3_record(1.0, seed, 0.76, late), "protocol": "v4"}]
+        return out
+
+    def label(recs: list[dict]) -> str:
+        (s,) = [s for s in fedstale.write_report(recs, tmp_path) if s.claim.endswith("[v4]")]
+        return s.verdict
+
+    assert label(records()) == "not reproduced"
+    row = next(line for line in (tmp_path / "fedstale.md").read_text().splitlines() if line.startswith("| C2 | b")
+               and "74/74" in line)
+    assert "0.1 pp [-0.0, 0.2]" in row and "| 0.50 |" in row
+    assert label(records(0.02)) == "not converged"
+    assert label(records(seeds=fedstale.SEEDS[:-1])) == "pending (73/74 seeds)"

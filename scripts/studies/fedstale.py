@@ -10,7 +10,8 @@ equal IID shard of the test set with the same swap, and the test accuracy is mea
 with equal shard sizes that is ``(1/N) sum_i acc_i``, the accuracy on the paper's objective ``(1/N) sum_i F_i``.
 
 Methods: ``FedStale(beta)`` with known ``p_i`` (the paper's Eq. 9: ``beta = 0`` is unbiased FedAvg, ``beta = 1``
-unbiased FedVARP) for ``beta`` in {0, 0.2, 0.5, 0.8, 1}.
+unbiased FedVARP) for ``beta`` in {0, 0.2, 0.5, 0.8, 1}. Protocol v3 (``V3_CELLS``) runs them to convergence at an
+interior learning rate; protocol v4 (``CELLS``) runs C2's two cells (beta 0.8, FedVARP) on 74 fresh seeds.
 """
 
 from __future__ import annotations
@@ -218,8 +219,20 @@ CONVERGENCE_BOUND = 0.01
 V3_SETTING = SETTING + ", converged"
 V3_BASE = {**BASE, "lr": V3_LR, "lr_grid": list(V3_GRID), "rounds": V3_ROUNDS}
 CELLS = tuple(Cell(V3_SETTING, method_name(b), {**V3_BASE, "beta": b}) for b in RUN_ORDER)
+V3_SEEDS, V3_CELLS = SEEDS, CELLS
+
+# ------------------------------------------------------------------------------------------------ protocol v4 cells
+# C2 alone, powered: v3's setting and check, the two cells C2 compares (beta 0.8 against FedVARP), on fresh seeds.
+PROTOCOL = "v4"
+#: the claim v4 tests (v3: inconclusive, 74 seeds for 80 % power at v3's paired SD)
+V4_CLAIM = "C2"
+#: fresh seeds (v1-v3 ran 0-37, the pilots 100): 80 % power to resolve the paper's Delta_1 = 0.31 pp at v3's
+#: paired SD of C2 (0.94 pp), raw 95 % (v4's family is this one claim)
+SEEDS = tuple(range(200, 274))
+CELLS = tuple(Cell(V3_SETTING, method_name(b), {**V3_BASE, "beta": b}) for b in (0.8, 1.0))
 #: per protocol: its seeds and cells (the page shows every protocol with its own verdicts)
-PROTOCOLS = {"v1": (V1_SEEDS, V1_CELLS), "v2": (V2_SEEDS, V2_CELLS), PROTOCOL: (SEEDS, CELLS)}
+PROTOCOLS = {"v1": (V1_SEEDS, V1_CELLS), "v2": (V2_SEEDS, V2_CELLS), "v3": (V3_SEEDS, V3_CELLS),
+             PROTOCOL: (SEEDS, CELLS)}
 
 #: The paper's Fig. 5 (thesis Fig. 3.5), "Exact" row, sigma = 0.6, p_avg/p_min = 3: beta_opt and its accuracy gains
 #: in percentage points over FedAvg (Delta_0) and over FedVARP (Delta_1).
@@ -361,14 +374,14 @@ def _v3_checks(recs: list[dict], beta: float) -> tuple[float, bool]:
 def _v3_section(recs: list[dict], summaries: list) -> list[str]:
     """Protocol v3: each beta with its convergence check and the learning rate's place in its grid, and C1-C4
     decided by :func:`~lightning_fedhet.experiments.decide` on Holm intervals over the four claims."""
-    planned = len(SEEDS)
+    planned = len(V3_SEEDS)
     place = grid_place(V3_LR, V3_GRID)
     acc = {b: by_seed(recs, final_acc, setting=V3_SETTING, method=method_name(b)) for b in BETAS}
     checks = {b: _v3_checks(recs, b) for b in BETAS if acc[b]}
     rows = [(_label(b), f"{V3_LR:g} ({place})", fmt_mean_ci(list(acc[b].values())),
              f"{100 * checks[b][0]:+.2f} pp", "yes" if checks[b][1] else "**no**", seeds_done(len(acc[b]), planned))
             for b in BETAS if acc[b]]
-    lines = [f"### {V3_SETTING}\n", describe(CELLS[0].config) + ".\n",
+    lines = [f"### {V3_SETTING}\n", describe(V3_CELLS[0].config) + ".\n",
              markdown_table(("method", "client lr (place in the grid)", "test accuracy % (mean [95 % CI])",
                              "convergence: change over the last 20 % of rounds (seed-mean curve)",
                              f"converged (< {100 * CONVERGENCE_BOUND:g} pp)", "seeds"), rows)]
@@ -399,6 +412,45 @@ def _v3_section(recs: list[dict], summaries: list) -> list[str]:
     return lines
 
 
+def _v4_section(recs: list[dict], v3_recs: list[dict], summaries: list) -> list[str]:
+    """Protocol v4: C2 alone on fresh seeds, v3's setting and checks, decided by
+    :func:`~lightning_fedhet.experiments.decide` on its raw 95 % interval (a family of one); v3's label beside."""
+    cid, b, base, gain, where = next(c for c in CLAIMS if c[0] == V4_CLAIM)
+    planned, place = len(SEEDS), grid_place(V3_LR, V3_GRID)
+    acc = {x: by_seed(recs, final_acc, setting=V3_SETTING, method=method_name(x)) for x in (b, base)}
+    checks = {x: _v3_checks(recs, x) for x in (b, base) if acc[x]}
+    rows = [(_label(x), f"{V3_LR:g} ({place})", fmt_mean_ci(list(acc[x].values())),
+             f"{100 * checks[x][0]:+.2f} pp", "yes" if checks[x][1] else "**no**", seeds_done(len(acc[x]), planned))
+            for x in (b, base) if acc[x]]
+    conv = all(checks.get(x, (0.0, True))[1] for x in (b, base))
+    d = decide_paired(acc[b], acc[base], gain / 100, planned, converged=conv, lr_interior=place == "interior")
+    before = [x for x in summaries if x.claim == f"{cid} {where} [v3]"]
+    paper = f"+{gain:g} pp"
+    ours = "–" if d.n == 0 else _fmt_pp(d.mean, d.lo, d.hi)
+    summaries.append(Summary(f"{cid} {where} [v4]", paper, f"{ours} ({d.n} seeds)", d.text()))
+    sd = float(np.std([acc[b][k] - acc[base][k] for k in sorted(set(acc[b]) & set(acc[base]))], ddof=1)) \
+        if d.n > 1 else float("nan")
+    return [
+        f"### {V3_SETTING}: {cid} alone\n",
+        f"v3's setting, cells and checks for the two betas {cid} compares, on {planned} fresh seeds "
+        f"({SEEDS[0]}-{SEEDS[-1]}), planned for 80 % power to resolve the paper's {paper} at v3's paired SD. Decided "
+        "by `lightning_fedhet.experiments.decide` on the **raw 95 % interval** (v4's family is this one claim); a "
+        "cell whose seed-mean curve moves by 1 pp or more over the last 20 % of rounds, or whose learning rate sits "
+        "at its grid's edge, gets no verdict.\n",
+        markdown_table(("method", "client lr (place in the grid)", "test accuracy % (mean [95 % CI])",
+                        "convergence: change over the last 20 % of rounds (seed-mean curve)",
+                        f"converged (< {100 * CONVERGENCE_BOUND:g} pp)", "seeds"), rows) if rows else
+        "No records yet.\n",
+        "",
+        markdown_table(("claim", "difference", "seeds", "ours (raw 95 % CI, decides)", "paired SD (pp)", "paper",
+                        "v4 label", "v3 label (18 seeds)"),
+                       [(cid, f"{_label(b)} - {_label(base)}", f"{d.n}/{planned}", ours,
+                         "–" if sd != sd else f"{100 * sd:.2f}", paper, f"**{d.text()}**",
+                         before[0].verdict if before else "–")]),
+        "",
+    ]
+
+
 def write_report(records: list[dict], out) -> list:
     out_dir = out / "fedstale"
     lines = [
@@ -427,15 +479,19 @@ def write_report(records: list[dict], out) -> list:
         "deciding interval lies above 0, **opposite sign** when below 0, **not reproduced** when it holds 0 and lies "
         "below the paper's gain, **inconclusive** when it holds both (or, for a claim without a number, holds 0), "
         "**pending** while a cell has fewer seeds than planned; the deciding interval is Holm-adjusted over C1-C4; a "
-        "cell that fails its convergence check or whose learning rate sits at its grid's edge gets no verdict.\n",
+        "cell that fails its convergence check or whose learning rate sits at its grid's edge gets no verdict. "
+        "Protocol v4 tests C2 alone with the same rule and checks on fresh seeds; its family is that one claim, so "
+        "its raw interval decides.\n",
     ]
     summaries: list = []
     fig, axes = new_figure(ncols=2, width=5.0, height=3.6)
     for k, (protocol, (seeds, cells)) in enumerate(PROTOCOLS.items()):
         recs = [r for r in records if r["protocol"] == protocol]
         lines.append(f"## Results, protocol {protocol} ({len(seeds)} seeds)\n")
-        primary = V3_SETTING if protocol == PROTOCOL else SETTING
-        if protocol == PROTOCOL:
+        primary = V3_SETTING if protocol in ("v3", "v4") else SETTING
+        if protocol == "v4":
+            lines += _v4_section(recs, [r for r in records if r["protocol"] == "v3"], summaries)
+        elif protocol == "v3":
             if recs:
                 lines += _v3_section(recs, summaries)
             else:
@@ -461,15 +517,16 @@ def write_report(records: list[dict], out) -> list:
                          yerr=[[100 * (m - lo) if lo == lo else 0 for m, lo, _ in cis],
                                [100 * (hi - m) if hi == hi else 0 for m, _, hi in cis]], marker="o", capsize=3,
                          label=f"protocol {protocol}")
-        if protocol == PROTOCOL:
+        if protocol in ("v3", "v4"):
             for b in xs:
                 rs = [r for r in recs if r["setting"] == primary and r["method"] == method_name(b)]
                 curves = np.array([r["metrics"]["val_acc"] for r in rs])
-                axes[1].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), label=f"{_label(b)} (n={len(rs)})")
+                axes[1].plot(rs[0]["metrics"]["round"], 100 * curves.mean(0), ("-", ":")[protocol == "v4"],
+                             label=f"{protocol} {_label(b)} (n={len(rs)})")
     axes[0].set(title=SETTING, xlabel="beta",
                 ylabel=f"test accuracy %, last {V1_BASE['metric_window_rounds']} rounds (95 % CI)")
     axes[0].legend(fontsize=7)
-    axes[1].set(title=f"protocol {PROTOCOL}: test accuracy per round, mean over seeds", xlabel="round",
+    axes[1].set(title="protocols v3, v4: test accuracy per round, mean over seeds", xlabel="round",
                 ylabel="test accuracy %")
     if axes[1].lines:
         axes[1].legend(fontsize=7)
@@ -477,6 +534,9 @@ def write_report(records: list[dict], out) -> list:
     lines += [
         "![accuracy against beta, and per round](fedstale/accuracy.png)\n",
         *reproduce_section(records, (
+            f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale --seeds {SEEDS[0]}-{SEEDS[-1]}   "
+            "# protocol v4 (C2's two cells; chunks such as --seeds 200-209 resume)",
+            "# v3: from a checkout of the commit its records name (from v4 on, `run fedstale` runs v4's cells)",
             f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedstale --settings '{V3_SETTING}'   # protocol v3",
             "python scripts/reproduce.py report                                  # this page, from the records",
         )),
@@ -487,8 +547,8 @@ def write_report(records: list[dict], out) -> list:
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
-CANARY = Cell(CELLS[0].setting, CELLS[0].method,
-                      {**CELLS[0].config, "rounds": 2, "eval_every": 2, "metric_window_rounds": 2})
+CANARY = Cell(V3_CELLS[0].setting, V3_CELLS[0].method,
+                      {**V3_CELLS[0].config, "rounds": 2, "eval_every": 2, "metric_window_rounds": 2})
 
 STUDY = _repo.study(name="fedstale", title="FedStale", protocol=PROTOCOL, seeds=SEEDS, cells=CELLS, run=run_cell,
                       report=write_report, threads=1, run_seeds=run_seeds, canary=CANARY)
