@@ -419,10 +419,42 @@ def test_v2_labels_of_80_15_5_and_60_30_10_take_the_check_of_v5s_c5_and_c6():
     assert verdict(records(0.004, range(200, 205))) == (
         "reproduced (v2 records, v3 rule; convergence check pending)")
     v5 = fedcis._v5_claims([r for r in records(0.004) if r["protocol"] == "v5"])
-    assert fedcis.setting_checks({cid: {"diffs": [], "converged": False} for cid in fedcis.PLAN}, v5)[
-        "80-15-5"] == ("passes", "passes (C5, seeds 200-209)")
+    checks = fedcis.setting_checks({cid: {"diffs": [], "converged": False} for cid in fedcis.PLAN}, v5)
+    assert checks["80-15-5"] == ("passes", "passes (C5, seeds 200-209)")
+    assert checks["60-30-10"] == ("pending", "pending (C6: 0/10 seeds)")
+    assert checks["45-35-20"] == ("pending", "pending (C1: 0/15 seeds)")  # v3's C1, not a v5 claim
     # v5's page shows C5's earlier label: v2's records under the v3 rule, before any check
     fig, axes = new_figure()
     lines, _ = fedcis._v5_section(v5, [], [r for r in records(0.004) if r["protocol"] == "v2"], axes[0])
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| C5 |"))
-    assert row.endswith("| v2 records: reproduced, convergence not shown |")
+    assert row.endswith("| v2 records before v5: reproduced, convergence not shown |")
+
+
+def test_the_page_marks_v2s_80_15_5_sign_unknown_when_c5_fails_and_lists_v5s_commands(tmp_path):
+    """The whole page from v2 records (80-15-5: +6 pp +- 0.5 pp, seeds 0-9), v3 records (80-15-5 heads not
+    aggregated: +2 pp, seeds 0-9) and v5's C5 with Equal Weight 0.6 pp lower at round 18 than at 20 (fails): the
+    sign row of v2's setting reads "?" at 80-15-5; the ablation still pairs v2's 10 seeds with v3's (v5's seeds
+    200-209 are no v2/v3 pair); the Reproduce section lists v5's planned commands."""
+    meta = {"commit": "abc", "dirty": False, "engine": "sequential", "device": "cpu", "torch": "2", "wall_s": 1.0,
+            "cpu_s": 1.0}
+    recs = []
+    for seed in range(10):
+        d = 0.005 * (1 if seed % 2 else -1)
+        recs += [_v2_record("80-15-5", "Serving Rate", seed, 0.76 + d),
+                 _v2_record("80-15-5", "Equal Weight", seed, 0.70),
+                 _v3_record("80-15-5, heads not aggregated", "Serving Rate", seed, 0.72),
+                 _v3_record("80-15-5, heads not aggregated", "Equal Weight", seed, 0.70)]
+    for seed in fedcis.PLAN_V5["C5"]:
+        recs += [_v5_record("80-15-5, heads aggregated", "Serving Rate", seed, 0.76),
+                 _v5_record("80-15-5, heads aggregated", "Equal Weight", seed, 0.70, 0.006)]
+    recs = [{**meta, **r} for r in recs]
+    summaries = fedcis.write_report(recs, tmp_path)
+    page = (tmp_path / "fedcis.md").read_text().splitlines()
+    sign = next(line for line in page if line.startswith("| ours, heads aggregated"))
+    assert sign.split(" | ")[1] == "?"
+    assert any(line.startswith("| 80-15-5 | 10 | 6.0 pp") for line in page)  # the v3 ablation: v2's 10 seeds
+    assert ("OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds 200-215 --settings '80-15-5, heads not "
+            "aggregated' --one-seed-at-a-time   # R1c") in page
+    verdict = {s.claim: s.verdict for s in summaries}
+    assert verdict["v5, Table 5.1, 80-15-5: Serving Rate beats Equal Weight on CIS accuracy (C5, heads aggregated)"] \
+        == "not converged"

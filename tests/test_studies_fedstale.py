@@ -3,6 +3,7 @@ code), a 2-round run, and stacked seeds equal to single-seed runs."""
 
 
 import numpy as np
+import pytest
 from studies import fedstale
 
 from lightning_fedhet.data import IID
@@ -139,8 +140,18 @@ def test_v4_runs_c2s_two_cells_of_v3_on_74_fresh_seeds():
         assert (cell.setting, cell.config) == (v3.setting, v3.config)
     # the canary stays v3's first cell (its committed record)
     assert fedstale.CANARY.setting == fedstale.V3_CELLS[0].setting and fedstale.CANARY.config["beta"] == 0.0
-    from lightning_fedhet.experiments import seeds_for_power
-    assert seeds_for_power(0.00939, 0.0031) in (73, 74, 75)  # the plan from v3's SD (0.939 pp, 18 seeds)
+    # the plan: v3's committed C2 records (beta 0.8 - FedVARP over seeds 20-37) give the SD that needs 74 seeds
+    import json
+    from pathlib import Path
+
+    from lightning_fedhet.experiments import by_seed, seeds_for_power
+    root = Path(__file__).resolve().parents[1] / "docs/results/records/fedstale/v3"
+    v3 = [json.loads(f.read_text()) for f in root.rglob("*.json")]
+    a, b = (by_seed(v3, fedstale.final_acc, method=fedstale.method_name(x)) for x in (0.8, 1.0))
+    assert sorted(a) == sorted(b) == list(fedstale.V3_SEEDS)
+    sd = float(np.std([a[k] - b[k] for k in a], ddof=1))
+    assert sd == pytest.approx(0.00939, abs=5e-5)
+    assert seeds_for_power(sd, fedstale.PAPER_DELTA1 / 100) == len(fedstale.SEEDS) == 74
 
 
 def test_v4_decides_c2_on_its_raw_interval_with_v3s_checks(tmp_path):
@@ -164,5 +175,26 @@ def test_v4_decides_c2_on_its_raw_interval_with_v3s_checks(tmp_path):
     row = next(line for line in (tmp_path / "fedstale.md").read_text().splitlines() if line.startswith("| C2 | b")
                and "74/74" in line)
     assert "0.1 pp [-0.0, 0.2]" in row and "| 0.50 |" in row
+    assert row.endswith("| **not reproduced** | pending |")  # v3's label beside: no v3 record here
+    # a run outside the plan (seed 300, a far-off gain) is not pooled in
+    stray = [{**_v3_record(0.8, 300, 0.90), "protocol": "v4"}, {**_v3_record(1.0, 300, 0.70), "protocol": "v4"}]
+    assert label(records() + stray) == "not reproduced"
     assert label(records(0.02)) == "not converged"
     assert label(records(seeds=fedstale.SEEDS[:-1])) == "pending (73/74 seeds)"
+
+
+def test_v4_records_leave_v3s_claims_alone(tmp_path):
+    """v3's 18 seeds with every claim at +1 pp or 0 (as the v3 test), plus v4 records of the same setting name whose
+    beta 0.8 is 5 pp below FedVARP: v3's labels and seed counts do not move."""
+    v3 = []
+    for seed in fedstale.V3_SEEDS:
+        v3 += [_v3_record(0.0, seed, 0.70), _v3_record(0.8, seed, 0.71), _v3_record(0.2, seed, 0.70),
+               _v3_record(1.0, seed, 0.70), _v3_record(0.5, seed, 0.70 + (0.001 if seed % 2 else -0.001))]
+    v4 = [{**_v3_record(b, seed, acc), "protocol": "v4"} for seed in fedstale.SEEDS
+          for b, acc in ((0.8, 0.65), (1.0, 0.70))]
+    labels = {s.claim.split()[0]: s.verdict for s in fedstale.write_report(v3 + v4, tmp_path)
+              if s.claim.endswith("[v3]")}
+    assert labels == {"C1": "reproduced", "C2": "reproduced", "C3": "inconclusive", "C4": "inconclusive"}
+    page = (tmp_path / "fedstale.md").read_text()
+    assert "| C2 | beta=0.8 - beta=1 (FedVARP) | 18 | 1.0 pp [1.0, 1.0] |" in page
+    assert page.count("| **opposite sign** | reproduced |") == 1  # v4's row, v3's label beside

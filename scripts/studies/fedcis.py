@@ -486,13 +486,14 @@ def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], l
         "The v3 rule gives a verdict only to a converged regime. v2's records evaluate rounds 10 and 20 only, so "
         "v3's convergence check (the seed-mean CIS accuracy moves by less than "
         f"{100 * CONVERGED_BELOW:.1f} pp between rounds 18 and 20) cannot be computed on them; v3's confirmatory runs "
-        "of the same setting on fresh seeds (C1-C4) give the setting's check (column \"v3 check of this setting\"). "
+        "of the same setting on fresh seeds (C1-C4) give the setting's check (column \"check of this setting\"). "
         "Where that check fails, the v3 label of v2's records is **not converged**; this was applied after v3's "
         "C2 and C3 had been seen. 80-15-5 and 60-30-10 have no v3 run of this setting; protocol v5 runs it there on "
         "fresh seeds (C5, C6) and registered, before its runs, that their check is these columns' check. Until "
         "they have their planned seeds the label stands and the index says the check is pending.\n",
         markdown_table(("serving", "seeds", "ours (raw 95 % CI)", "thesis CIFAR10", "thesis CIFAR100",
-                        "v2 label (registered rule)", "v3 check of this setting", *_v3.HEADER), prow),
+                        "v2 label (registered rule)", "check of this setting (v3's C1-C4, v5's C5-C6)",
+                        *_v3.HEADER), prow),
         "\n![v2: paired difference per serving column, ours and the thesis's](fedcis/columns-v2.png)\n",
     ]
     return lines, summaries
@@ -654,7 +655,7 @@ def _v3_section(recs: list[dict], v2: list[dict], ax, claims_v5: dict[str, dict]
     srow = [("thesis CIFAR10", *rows_sign["CIFAR10"], "–", "–"), ("thesis CIFAR100", *rows_sign["CIFAR100"], "–", "–"),
             ("ours, released code (heads not aggregated; final labels only)", *ours_new, agree(ours_new, "CIFAR10"),
              agree(ours_new, "CIFAR100")),
-            ("ours, heads aggregated (v2 records, Holm over 6; ? where v3's runs of the setting fail the check)",
+            ("ours, heads aggregated (v2 records, Holm over 6; ? where the setting's check, v3's or v5's, fails)",
              *ours_v2, agree(ours_v2, "CIFAR10"),
              agree(ours_v2, "CIFAR100"))]
 
@@ -839,7 +840,7 @@ def _v5_section(claims: dict[str, dict], v3: list[dict], v2: list[dict], ax) -> 
         tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
         check = "–" if dec.n == 0 else ("passes" if c["converged"] else "**fails**")
         earlier = (f"v3 R1: {before['R1']['decision'].text()}" if cid == "R1c" else
-                   f"v2 records: {_v2_label_before_v5(v2, c['column'])}, convergence not shown")
+                   f"v2 records before v5: {_v2_label_before_v5(v2, c['column'])}, convergence not shown")
         crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(plan)}", pp(*c["raw"]), pp(*c["holm"]),
                      f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
                      f"{tails} ({check})", " / ".join(_drift_text(d) for d in c["drifts"].values()),
@@ -936,7 +937,8 @@ def write_report(records: list[dict], out) -> list:
     v5_lines, v5_summaries = _v5_section(v5_claims, v3_recs, v2_recs, axes[0])
     save_figure(fig, out_dir / "curves-v5.png")
     plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V5[cid][0]}-{PLAN_V5[cid][-1]} "
-             f"--settings '{v3_setting(column, heads)}'   # {cid}" for cid, column, heads in CLAIMS_V5]
+             f"--settings '{v3_setting(column, heads)}' --one-seed-at-a-time   # {cid}"
+             for cid, column, heads in CLAIMS_V5]
     plans_v4 = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V4[cid][0]}-"
                 f"{PLAN_V4[cid][-1]} --settings '{v4_setting(column, heads)}'   # {cid}"
                 for cid, column, heads in CLAIMS_V4]
