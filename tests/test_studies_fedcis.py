@@ -458,3 +458,26 @@ def test_the_page_marks_v2s_80_15_5_sign_unknown_when_c5_fails_and_lists_v5s_com
     verdict = {s.claim: s.verdict for s in summaries}
     assert verdict["v5, Table 5.1, 80-15-5: Serving Rate beats Equal Weight on CIS accuracy (C5, heads aggregated)"] \
         == "not converged"
+
+
+def test_r1c_is_set_beside_v3s_r1_with_welchs_interval():
+    """R1 (v3, 10 seeds): 0 pp +- 1 pp alternating; R1c (v5, 16 seeds): +4 pp +- 1 pp alternating. Difference 4 pp;
+    Welch: s1^2/n1 = (1 x 16/15)/16 = 0.0667, s2^2/n2 = (1 x 10/9)/10 = 0.1111, se = sqrt(0.1778) = 0.4216 pp,
+    df = 0.1778^2 / (0.0667^2/15 + 0.1111^2/9) = 0.03160 / (0.000296 + 0.001372) = 18.95, t_{0.975, 18.95} = 2.0932
+    (scipy), half-width 0.8826 pp -> [3.1, 4.9] pp. One seed of R1: no sentence."""
+    def cell(setting, proto, seeds, gain, cpu):
+        out = []
+        for k, seed in enumerate(seeds):
+            d = gain + (0.01 if k % 2 else -0.01)
+            out += [{**_v3_record(setting, "Serving Rate", seed, 0.40 + d), "protocol": proto, "cpu": cpu},
+                    {**_v3_record(setting, "Equal Weight", seed, 0.40), "protocol": proto, "cpu": cpu}]
+        return out
+
+    r1 = fedcis._v3_claims(cell("80-15-5, heads not aggregated", "v3", range(10), 0.0, "Intel"))["R1"]
+    r1c = fedcis._v5_claims(cell("80-15-5, heads not aggregated", "v5", range(200, 216), 0.04, "AMD"))["R1c"]
+    (text,) = fedcis._r1_against_r1c(r1, r1c)
+    assert "R1c +4.0 pp over 16 seeds, R1 +0.0 pp over 10. Their difference is +4.0 pp, Welch 95 % interval " \
+           "[3.1, 4.9] pp" in text
+    assert "different processors (R1: Intel; R1c: AMD)" in text
+    one = fedcis._v3_claims(cell("80-15-5, heads not aggregated", "v3", range(1), 0.0, "Intel"))["R1"]
+    assert fedcis._r1_against_r1c(one, r1c) == []

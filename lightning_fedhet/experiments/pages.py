@@ -95,13 +95,18 @@ def compute_used(records: Sequence[Record]) -> str:
 
 
 def provenance_table(records: Sequence[Record]) -> str:
-    """Commits, engines, devices, torch versions and run counts behind a page."""
+    """Commits, engines, devices, processors, torch versions and run counts behind a page.
+
+    The processor (a record's ``cpu``: model name and the instruction set torch's CPU kernels use) is a column of
+    its own because a re-run is bit for bit the same only on the same processor: the same commit and seed on
+    another one gives other floats, and a training run amplifies them. Records written before the field existed
+    read "not recorded"."""
     groups: dict[tuple, list[Record]] = {}
     for r in records:
         groups.setdefault((r["protocol"], r["commit"] + ("+dirty" if r.get("dirty") else ""), r["engine"],
-                           r["device"], r["torch"]), []).append(r)
+                           r["device"], r.get("cpu") or "not recorded", r["torch"]), []).append(r)
     rows = [(*key, len(rs), f"{sum(r['wall_s'] for r in rs) / 60:.1f}") for key, rs in sorted(groups.items())]
-    return markdown_table(("protocol", "commit", "engine", "device", "torch", "runs", "wall min"), rows)
+    return markdown_table(("protocol", "commit", "engine", "device", "processor", "torch", "runs", "wall min"), rows)
 
 
 def reproduce_section(records: Sequence[Record], commands: Sequence[str]) -> list[str]:

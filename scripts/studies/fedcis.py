@@ -824,6 +824,29 @@ def _v2_label_before_v5(v2: list[dict], column: str) -> str:
     return _v3.relabel({column: (sr, ew, paper_gain(column))}, len(SEEDS_V2))[column].text()
 
 
+def _r1_against_r1c(r1: dict, r1c: dict) -> list[str]:
+    """The v5 page's sentence setting R1c (``r1c``, :func:`_v5_claims`) beside v3's R1 (``r1``, :func:`_v3_claims`):
+    the same cell on disjoint seeds, so their means estimate one gain; Welch's 95 % interval of the difference
+    (descriptive: written after R1c's result was seen). Nothing until both have 2 seeds."""
+    a, b = np.asarray(r1c["diffs"], dtype=np.float64), np.asarray(r1["diffs"], dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        return []
+    from scipy import stats
+
+    test = stats.ttest_ind(a, b, equal_var=False)
+    ci = test.confidence_interval(0.95)
+    processors = {name: sorted({r.get("cpu") or "not recorded" for r in c["cell"]}) for name, c in
+                  (("R1", r1), ("R1c", r1c))}
+    where = ("ran on different processors (" + "; ".join(f"{k}: {', '.join(v)}" for k, v in processors.items()) +
+             "); a processor changes each run's floats, and whether it also moves the gain is not tested here"
+             if processors["R1"] != processors["R1c"] else "ran on the same processor")
+    return [f"\n**R1c beside v3's R1.** The same cell (80-15-5, heads not aggregated, 20 rounds) on disjoint seeds: "
+            f"R1c {100 * a.mean():+.1f} pp over {a.size} seeds, R1 {100 * b.mean():+.1f} pp over {b.size}. Their "
+            f"difference is {100 * (a.mean() - b.mean()):+.1f} pp, Welch 95 % interval [{100 * ci.low:.1f}, "
+            f"{100 * ci.high:.1f}] pp (p = {test.pvalue:.2f}). The two protocols {where}. Descriptive, added after "
+            "R1c's result had been seen; the registered label is R1c's.\n"]
+
+
 def _v5_section(claims: dict[str, dict], v3: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
     """Protocol v5 (``claims``: :func:`_v5_claims`): confirmations in v3's setting on fresh seeds, each claim's
     earlier label beside (R1c: v3's R1; C5, C6: v2's records under the v3 rule, convergence not shown)."""
@@ -878,6 +901,7 @@ def _v5_section(claims: dict[str, dict], v3: list[dict], v2: list[dict], ax) -> 
                         "per-run drift SR / EW (pp, information)", "v5 label", "earlier label"), crow),
         *([f"\n**Not converged at 20 rounds**: {'; '.join(unsettled)}. Those claims get no verdict under v5.\n"]
           if unsettled else []),
+        *_r1_against_r1c(before["R1"], claims["R1c"]),
         "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
         "seeds done so far:\n",
         markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),

@@ -3,7 +3,15 @@ cell has, a method against the others paired over seeds, and a curve with its ba
 
 import math
 
-from lightning_fedhet.experiments import band, fmt_mean_ci, mean_ci, new_figure, paired_differences, seeds_done
+from lightning_fedhet.experiments import (
+    band,
+    fmt_mean_ci,
+    mean_ci,
+    new_figure,
+    paired_differences,
+    provenance_table,
+    seeds_done,
+)
 
 
 def test_a_cells_interval_and_its_seeds():
@@ -46,3 +54,18 @@ def test_figure_title_wraps_to_the_figures_width(tmp_path):
     assert max(map(len, fig.get_suptitle().split("\n"))) <= 35
     save_figure(fig, tmp_path / "title.png")
     assert (tmp_path / "title.png").stat().st_size > 0
+
+
+def test_provenance_rows_split_by_processor_and_name_records_without_one():
+    # Slip it catches: a page that pools runs of two processors (whose re-runs differ) into one provenance row.
+    def rec(cpu, wall):
+        r = {"protocol": "v1", "commit": "abc", "dirty": False, "engine": "vmap", "device": "cpu (2 cores, x86_64)",
+             "torch": "2.14", "wall_s": wall}
+        return r if cpu is None else {**r, "cpu": cpu}
+
+    rows = provenance_table([rec("AMD EPYC; AVX512", 60), rec("AMD EPYC; AVX512", 30), rec("Intel; AVX512", 120),
+                             rec(None, 6)]).splitlines()
+    assert rows[0] == "| protocol | commit | engine | device | processor | torch | runs | wall min |"
+    assert rows[2:] == ["| v1 | abc | vmap | cpu (2 cores, x86_64) | AMD EPYC; AVX512 | 2.14 | 2 | 1.5 |",
+                        "| v1 | abc | vmap | cpu (2 cores, x86_64) | Intel; AVX512 | 2.14 | 1 | 2.0 |",
+                        "| v1 | abc | vmap | cpu (2 cores, x86_64) | not recorded | 2.14 | 1 | 0.1 |"]
