@@ -61,6 +61,12 @@ def _v2_record(column: str, method: str, seed: int, acc: float) -> dict:
             "metrics": {k: [acc] for k in fedcis.KEYS}, "config": {"lambda_tilde": [1 / 3] * 3}}
 
 
+def _checks(records: list[dict]) -> dict[str, tuple[str, str]]:
+    """Each column's convergence check from v3's and v5's records among ``records``, as `write_report` passes it."""
+    return fedcis.setting_checks(fedcis._v3_claims([r for r in records if r["protocol"] == "v3"]),
+                                 fedcis._v5_claims([r for r in records if r["protocol"] == "v5"]))
+
+
 def test_v2_rows_carry_the_v3_label_beside_the_registered_one(tmp_path):
     # 20-35-45 only: Serving Rate - Equal Weight = -2.3 pp +- 0.5 pp alternating over 10 seeds, so sd =
     # 0.5 sqrt(10/9) = 0.527 pp and the half-width t_{0.975,9} sd / sqrt(10) = 2.262157 x 0.1667 = 0.377 pp:
@@ -74,7 +80,7 @@ def test_v2_rows_carry_the_v3_label_beside_the_registered_one(tmp_path):
         records += [_v2_record("20-35-45", "Serving Rate", seed, 0.70 + d),
                     _v2_record("20-35-45", "Equal Weight", seed, 0.70)]
     fig, axes = new_figure()
-    lines, summaries = fedcis._v2_section(records, records, axes[0])
+    lines, summaries = fedcis._v2_section(records, records, axes[0], _checks(records))
     verdicts = {s.claim.split(":")[0].removeprefix("v2, Table 5.1, "): s.verdict for s in summaries}
     # no v3 run of the setting yet: its convergence check (C2's) is pending, and the index says so
     assert verdicts["20-35-45"] == "opposite sign (v2 records, v3 rule; convergence check pending)"
@@ -189,7 +195,7 @@ def test_v2_labels_take_the_convergence_check_of_v3_runs_of_the_same_setting():
 
     def verdicts(v2: list[dict], v3: list[dict]) -> dict[str, str]:
         fig, axes = new_figure()
-        _, summaries = fedcis._v2_section(v2, v2 + v3, axes[0])
+        _, summaries = fedcis._v2_section(v2, v2 + v3, axes[0], _checks(v2 + v3))
         return {s.claim.split(":")[0].removeprefix("v2, Table 5.1, "): s.verdict for s in summaries}
 
     failing = verdicts(*records(0.006))
@@ -206,7 +212,7 @@ def test_v2_labels_take_the_convergence_check_of_v3_runs_of_the_same_setting():
 
     fig, axes = new_figure()
     v2, v3 = records(0.006)
-    lines, _ = fedcis._v3_section(v3, v2, axes[0])
+    lines, _ = fedcis._v3_section(fedcis._v3_claims(v3), v3, v2, axes[0], _checks(v2 + v3))
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| ours, heads aggregated"))
     assert row.split(" | ")[1:7] == ["+", "?", "?", "?", "?", "?"]
 
@@ -223,7 +229,7 @@ def test_v3_ablation_pairs_v2_records_with_the_released_code_runs():
         v3 += [_v3_record("80-15-5, heads not aggregated", "Serving Rate", seed, 0.70 + d),
                _v3_record("80-15-5, heads not aggregated", "Equal Weight", seed, 0.70)]
     fig, axes = new_figure()
-    lines, summaries = fedcis._v3_section(v3, v2, axes[0])
+    lines, summaries = fedcis._v3_section(fedcis._v3_claims(v3), v3, v2, axes[0], _checks(v2 + v3))
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| 80-15-5 | 10 |"))
     assert "| 6.0 pp [6.0, 6.0] | 2.0 pp [1.2, 2.8] | 4.0 pp [3.2, 4.8] |" in row
     assert row.endswith("aggregating the heads adds to the gain |")
@@ -295,13 +301,13 @@ def test_v4_claim_decided_on_holm_over_its_family_with_the_check_over_rounds_34_
     from lightning_fedhet.experiments import new_figure
 
     fig, axes = new_figure()
-    lines, summaries = fedcis._v4_section(records(0.004), [], axes[0])
+    lines, summaries = fedcis._v4_section(fedcis._v4_claims(records(0.004)), fedcis._v3_claims([]), axes[0])
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| C3L |"))
     assert "**opposite sign**" in row and row.endswith("| pending (0/12 seeds) |")
     assert any(s.verdict == "opposite sign" and "C3L" in s.claim for s in summaries)
     assert not any("Not converged at 40 rounds" in line for line in lines)
     # not converged: the page names the claim and the strategy whose curve moves, with the pilot's caveat
-    text = "\n".join(fedcis._v4_section(records(0.006), [], axes[0])[0])
+    text = "\n".join(fedcis._v4_section(fedcis._v4_claims(records(0.006)), fedcis._v3_claims([]), axes[0])[0])
     assert "): C3L (Equal Weight +0.60 pp). Those claims get no verdict under v4. The protocol's two-seed" in text
 
 
@@ -384,7 +390,7 @@ def test_v5_claim_decided_on_holm_over_its_family_of_three():
     from lightning_fedhet.experiments import new_figure
 
     fig, axes = new_figure()
-    lines, summaries = fedcis._v5_section(fedcis._v5_claims(records(0.006)), [], [], axes[0])
+    lines, summaries = fedcis._v5_section(fedcis._v5_claims(records(0.006)), fedcis._v3_claims([]), [], axes[0])
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| R1c |"))
     assert "**not converged**" in row and row.endswith("| v3 R1: pending (0/10 seeds) |")
     assert "**Not converged at 20 rounds**: R1c (Equal Weight +0.60 pp)." in "\n".join(lines)
@@ -411,7 +417,7 @@ def test_v2_labels_of_80_15_5_and_60_30_10_take_the_check_of_v5s_c5_and_c6():
     def verdict(recs: list[dict]) -> str:
         fig, axes = new_figure()
         v2 = [r for r in recs if r["protocol"] == "v2"]
-        _, summaries = fedcis._v2_section(v2, recs, axes[0])
+        _, summaries = fedcis._v2_section(v2, recs, axes[0], _checks(recs))
         return next(s.verdict for s in summaries if s.claim.startswith("v2, Table 5.1, 80-15-5:"))
 
     assert verdict(records(0.006)) == "not converged (v2 records, v3 rule)"
@@ -425,7 +431,8 @@ def test_v2_labels_of_80_15_5_and_60_30_10_take_the_check_of_v5s_c5_and_c6():
     assert checks["45-35-20"] == ("pending", "pending (C1: 0/15 seeds)")  # v3's C1, not a v5 claim
     # v5's page shows C5's earlier label: v2's records under the v3 rule, before any check
     fig, axes = new_figure()
-    lines, _ = fedcis._v5_section(v5, [], [r for r in records(0.004) if r["protocol"] == "v2"], axes[0])
+    v2 = [r for r in records(0.004) if r["protocol"] == "v2"]
+    lines, _ = fedcis._v5_section(v5, fedcis._v3_claims([]), v2, axes[0])
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| C5 |"))
     assert row.endswith("| v2 records before v5: reproduced, convergence not shown |")
 

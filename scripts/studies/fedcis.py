@@ -414,10 +414,12 @@ def setting_checks(claims: dict[str, dict], claims_v5: dict[str, dict] | None = 
     return out
 
 
-def _v2_section(recs: list[dict], records: list[dict], ax) -> tuple[list[str], list]:
+def _v2_section(recs: list[dict], records: list[dict], ax, checks: dict[str, tuple[str, str]]
+                ) -> tuple[list[str], list]:
+    """Protocol v2 (``recs``): every column in v2's setting, the registered label and the v3 rule's beside it;
+    ``records`` (every protocol's) give the power analysis's SD, ``checks`` (:func:`setting_checks`) each
+    column's convergence check."""
     sd, n_sd = power_sd(records)
-    checks = setting_checks(_v3_claims([r for r in records if r["protocol"] == "v3"]),
-                            _v5_claims([r for r in records if r["protocol"] == "v5"]))
     rows, prow, power_rows, summaries, pairs, registered = [], [], [], [], {}, {}
     for i, column in enumerate(COLUMNS):
         for method in STRATEGIES:
@@ -578,6 +580,52 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
     return out
 
 
+def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: str, *, drift: bool = False,
+                  earlier=None, title_suffix: str = "") -> tuple[list[tuple], list[tuple], list[tuple], list]:
+    """A protocol's claims (``claims``: :func:`_claims` over ``plans``) as the page shows them: ``(rows, claim_rows,
+    power_rows, summaries)``. ``rows``: test accuracy per claim and strategy over its planned seeds; a claim row:
+    the intervals, the thesis's gains, the convergence check, with ``drift`` the per-run drift (information), the
+    label and, with ``earlier(cid, claim)``, the claim's earlier label; a power row: the paired SD so far and the
+    seeds for 80 % power; a :class:`Summary` per claim (``title_suffix`` after the setting)."""
+    pp = functools.partial(fmt_ci, unit=" pp")
+    rows, claim_rows, power_rows, summaries = [], [], [], []
+    for cid, c in claims.items():
+        planned = len(plans[cid])
+        for method in STRATEGIES:
+            rs = [r for r in c["cell"] if r["method"] == method]
+            rows.append((c["column"], c["heads"], method, seeds_done(len(rs), planned),
+                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
+        dec = c["decision"]
+        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
+        check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
+                                        "passes" if c["converged"] else "**fails**")
+        claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", pp(*c["raw"]), pp(*c["holm"]),
+                           f"{100 * paper_gain(c['column']):+.1f} pp",
+                           f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp", f"{tails} ({check})",
+                           *((" / ".join(_drift_text(d) for d in c["drifts"].values()),) if drift else ()),
+                           f"**{dec.text()}**", *((earlier(cid, c),) if earlier else ())))
+        sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
+        power_rows.append((cid, c["column"], c["heads"], planned, "–" if math.isnan(sd) else f"{100 * sd:.2f}",
+                           "–" if math.isnan(sd) else str(_power.seeds_80(sd, paper_gain(c["column"])) or "> 10,000")))
+        summaries.append(Summary(
+            f"{protocol}, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, "
+            f"{c['heads']}{title_suffix})", f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
+            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
+    return rows, claim_rows, power_rows, summaries
+
+
+def _plot_curves(ax, claims: dict[str, dict], colour_by_claim: bool = False) -> None:
+    """Each claim's seed-mean CIS accuracy per strategy against rounds (what the convergence check reads); with
+    ``colour_by_claim`` a claim's two strategies share a colour (solid: Serving Rate, dashed: Equal Weight)."""
+    for i, (cid, c) in enumerate(claims.items()):
+        colour = {"color": f"C{i}"} if colour_by_claim else {}
+        for j, method in enumerate(STRATEGIES):
+            xs, ys = seed_mean_curve([r for r in c["cell"] if r["method"] == method])
+            if xs:
+                ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], **colour,
+                        label=f"{cid} {method} (n={len(c['cell']) // 2})")
+
+
 def _ablation_rows(gains_agg: dict[str, dict[int, float]], gains_not: dict[str, dict[int, float]]) -> list[tuple]:
     """The ablation table's rows, per column of ``gains_agg`` (``{column: {seed: SR - EW}}``, heads aggregated;
     ``gains_not`` likewise, heads not aggregated): over the seeds with both, each gain, their paired difference
@@ -597,34 +645,13 @@ def _ablation_rows(gains_agg: dict[str, dict[int, float]], gains_not: dict[str, 
     return rows
 
 
-def _v3_section(recs: list[dict], v2: list[dict], ax, claims_v5: dict[str, dict] | None = None
+def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, checks: dict[str, tuple[str, str]]
                 ) -> tuple[list[str], list]:
-    """Protocol v3: the released code (heads not aggregated) per column, the confirmatory heads-aggregated seeds,
-    the ablation (heads aggregated minus not) and the sign pattern against both of Table 5.1's rows (v2's setting
-    marked "?" in a column whose check, v3's or v5's (``claims_v5``, :func:`_v5_claims`), fails)."""
-    claims = _v3_claims(recs)
-    pp = functools.partial(fmt_ci, unit=" pp")
-    rows, crow, power_rows, summaries = [], [], [], []
-    for cid, c in claims.items():
-        for method in STRATEGIES:
-            rs = [r for r in recs if r["setting"] == c["setting"] and r["method"] == method
-                  and r["seed"] in set(PLAN[cid])]
-            rows.append((c["column"], c["heads"], method, seeds_done(len(rs), len(PLAN[cid])),
-                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
-        dec = c["decision"]
-        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
-        check = "–" if dec.n == 0 else ("passes" if c["converged"] else "**fails**")
-        crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(PLAN[cid])}", pp(*c["raw"]), pp(*c["holm"]),
-                     f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
-                     f"{tails} ({check})", f"**{dec.text()}**"))
-        sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
-        power_rows.append((cid, c["column"], c["heads"], len(PLAN[cid]), "–" if math.isnan(sd) else f"{100 * sd:.2f}",
-                           "–" if math.isnan(sd) else str(_power.seeds_80(sd, paper_gain(c["column"])) or "> 10,000")))
-        summaries.append(Summary(
-            f"v3, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, {c['heads']})",
-            f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
-            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
-
+    """Protocol v3 (``claims``: :func:`_v3_claims` of its records ``recs``): the released code (heads not
+    aggregated) per column, the confirmatory heads-aggregated seeds, the ablation (heads aggregated minus not) and
+    the sign pattern against both of Table 5.1's rows (v2's setting marked "?" in a column whose check, v3's or
+    v5's (``checks``, :func:`setting_checks`), fails)."""
+    rows, crow, power_rows, summaries = _claim_tables(claims, PLAN, "v3")
     # ablation: (SR - EW) heads aggregated minus (SR - EW) heads not aggregated, per column, over seeds with all four
     gains_agg, gains_not = {}, {}
     for column in COLUMNS:
@@ -645,7 +672,6 @@ def _v3_section(recs: list[dict], v2: list[dict], ax, claims_v5: dict[str, dict]
     v2_holm = family_intervals(v2_gain, method="holm")
     released = {c["column"]: c for c in claims.values() if c["heads"] == "heads not aggregated"}
     ours_new = [_sign(*released[col]["holm"][1:]) if released[col]["decision"].final else "?" for col in COLUMNS]
-    checks = setting_checks(claims, claims_v5)
     ours_v2 = [_sign(*v2_holm[col][1:]) if checks[col][0] != "fails" else "?" for col in COLUMNS]
     rows_sign = {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
 
@@ -725,55 +751,45 @@ def _moving(claim: dict) -> str:
     return ", ".join(f"{m} {100 * t:+.2f} pp" for m, t in claim["tails"].items() if abs(t) >= CONVERGED_BELOW)
 
 
-def _v4_unsettled(claims: dict[str, dict]) -> list[str]:
-    """The v4 page's sentence on the claims that are final and not converged: which strategy's seed-mean curve
-    still moves, and by how much (nothing while none is)."""
-    unsettled = {cid: c for cid, c in claims.items() if c["decision"].label == "not converged"}
+def _unsettled(claims: dict[str, dict]) -> dict[str, dict]:
+    """The claims that are final and not converged."""
+    return {cid: c for cid, c in claims.items() if c["decision"].label == "not converged"}
+
+
+def _not_converged(unsettled: dict[str, dict], rounds: int, protocol: str, window: str = "", after: str = ""
+                   ) -> list[str]:
+    """A page's sentence on the ``unsettled`` claims (:func:`_unsettled`): which strategy's seed-mean curve still
+    moves at ``rounds`` rounds, and by how much (nothing while none is); ``window`` names the rounds compared,
+    ``after`` follows the sentence."""
     if not unsettled:
         return []
     parts = [f"{cid} ({'stopped: per-run drift resolved; ' if c['stopped'] else ''}{_moving(c)})"
              for cid, c in unsettled.items()]
+    return [f"\n**Not converged at {rounds} rounds**{window}: {'; '.join(parts)}. Those claims get no verdict under "
+            f"{protocol}.{after}\n"]
+
+
+def _v4_unsettled(claims: dict[str, dict]) -> list[str]:
+    """The v4 page's :func:`_not_converged` sentence, with the pilot's caveat where a heads-aggregated claim is
+    among them."""
+    unsettled = _unsettled(claims)
     pilot = (" The protocol's two-seed pilot had suggested that 40 rounds would settle the heads-aggregated cells; at "
              "their planned seeds they do not." if any(c["heads"] == "heads aggregated" for c in unsettled.values())
              else "")
-    return [f"\n**Not converged at {ROUNDS_V4} rounds** (the seed-mean curve moves by {100 * CONVERGED_BELOW:.1f} pp "
-            f"or more between rounds 34-36 and 38-40): {'; '.join(parts)}. Those claims get no verdict under v4."
-            f"{pilot} As v4 registered, a longer horizon (e.g. 80 rounds, about 260 CPU-s per run) is left to a "
-            "later protocol.\n"]
+    return _not_converged(unsettled, ROUNDS_V4, "v4", window=f" (the seed-mean curve moves by "
+                          f"{100 * CONVERGED_BELOW:.1f} pp or more between rounds 34-36 and 38-40)",
+                          after=f"{pilot} As v4 registered, a longer horizon (e.g. 80 rounds, about 260 CPU-s per run) "
+                          "is left to a later protocol.")
 
 
-def _v4_section(recs: list[dict], v3: list[dict], ax) -> tuple[list[str], list]:
-    """Protocol v4: v3's claims in the columns whose v3 cells failed the convergence check, both settings, at 40
-    rounds on fresh seeds; the ablation there; each claim's v3 label beside (20 rounds)."""
-    claims, before = _v4_claims(recs), _v3_claims(v3)
-    pp = functools.partial(fmt_ci, unit=" pp")
-    crow, rows, power_rows, summaries = [], [], [], []
-    for cid, c in claims.items():
-        cell = c["cell"]
-        for method in STRATEGIES:
-            rs = [r for r in cell if r["method"] == method]
-            rows.append((c["column"], c["heads"], method, seeds_done(len(rs), len(PLAN_V4[cid])),
-                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
-        dec = c["decision"]
-        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
-        check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
-                                        "passes" if c["converged"] else "**fails**")
-        crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(PLAN_V4[cid])}", pp(*c["raw"]), pp(*c["holm"]),
-                     f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
-                     f"{tails} ({check})", " / ".join(_drift_text(d) for d in c["drifts"].values()),
-                     f"**{dec.text()}**", before[cid.removesuffix("L")]["decision"].text()))
-        sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
-        power_rows.append((cid, c["column"], c["heads"], len(PLAN_V4[cid]), "–" if math.isnan(sd) else
-                           f"{100 * sd:.2f}", "–" if math.isnan(sd) else
-                           str(_power.seeds_80(sd, paper_gain(c["column"])) or "> 10,000")))
-        summaries.append(Summary(
-            f"v4, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, {c['heads']}, "
-            f"{ROUNDS_V4} rounds)", f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
-            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
-        for j, method in enumerate(STRATEGIES):  # the seed-mean curves: what the convergence check reads
-            xs, ys = seed_mean_curve([r for r in cell if r["method"] == method])
-            if xs:
-                ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], label=f"{cid} {method} (n={len(cell) // 2})")
+def _v4_section(claims: dict[str, dict], before: dict[str, dict], ax) -> tuple[list[str], list]:
+    """Protocol v4 (``claims``: :func:`_v4_claims`): v3's claims in the columns whose v3 cells failed the
+    convergence check, both settings, at 40 rounds on fresh seeds; the ablation there; each claim's v3 label
+    (``before``: :func:`_v3_claims`) beside (20 rounds)."""
+    rows, crow, power_rows, summaries = _claim_tables(
+        claims, PLAN_V4, "v4", drift=True, title_suffix=f", {ROUNDS_V4} rounds",
+        earlier=lambda cid, c: before[cid.removesuffix("L")]["decision"].text())
+    _plot_curves(ax, claims)
 
     # ablation at 40 rounds: (SR - EW) heads aggregated minus (SR - EW) heads not aggregated, per v4 column
     gains = {heads: {} for heads in HEADS}
@@ -847,43 +863,19 @@ def _r1_against_r1c(r1: dict, r1c: dict) -> list[str]:
             "R1c's result had been seen; the registered label is R1c's.\n"]
 
 
-def _v5_section(claims: dict[str, dict], v3: list[dict], v2: list[dict], ax) -> tuple[list[str], list]:
+def _v5_section(claims: dict[str, dict], before: dict[str, dict], v2: list[dict], ax) -> tuple[list[str], list]:
     """Protocol v5 (``claims``: :func:`_v5_claims`): confirmations in v3's setting on fresh seeds, each claim's
-    earlier label beside (R1c: v3's R1; C5, C6: v2's records under the v3 rule, convergence not shown)."""
-    before = _v3_claims(v3)
-    pp = functools.partial(fmt_ci, unit=" pp")
-    crow, rows, power_rows, summaries = [], [], [], []
-    for cid, c in claims.items():
-        cell, plan = c["cell"], PLAN_V5[cid]
-        for method in STRATEGIES:
-            rs = [r for r in cell if r["method"] == method]
-            rows.append((c["column"], c["heads"], method, seeds_done(len(rs), len(plan)),
-                         *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
-        dec = c["decision"]
-        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
-        check = "–" if dec.n == 0 else ("passes" if c["converged"] else "**fails**")
-        earlier = (f"v3 R1: {before['R1']['decision'].text()}" if cid == "R1c" else
-                   f"v2 records before v5: {_v2_label_before_v5(v2, c['column'])}, convergence not shown")
-        crow.append((cid, c["column"], c["heads"], f"{dec.n}/{len(plan)}", pp(*c["raw"]), pp(*c["holm"]),
-                     f"{100 * paper_gain(c['column']):+.1f} pp", f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp",
-                     f"{tails} ({check})", " / ".join(_drift_text(d) for d in c["drifts"].values()),
-                     f"**{dec.text()}**", earlier))
-        sd = float(np.std(c["diffs"], ddof=1)) if len(c["diffs"]) > 1 else math.nan
-        power_rows.append((cid, c["column"], c["heads"], len(plan), "–" if math.isnan(sd) else f"{100 * sd:.2f}",
-                           "–" if math.isnan(sd) else str(_power.seeds_80(sd, paper_gain(c["column"])) or "> 10,000")))
-        summaries.append(Summary(
-            f"v5, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, {c['heads']})",
-            f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
-            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
-        for j, method in enumerate(STRATEGIES):  # the seed-mean curves: what the convergence check reads
-            xs, ys = seed_mean_curve([r for r in cell if r["method"] == method])
-            if xs:
-                ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], color=f"C{len(crow) - 1}",
-                        label=f"{cid} {method} (n={len(cell) // 2})")
+    earlier label beside (R1c: v3's R1, from ``before``, :func:`_v3_claims`; C5, C6: v2's records ``v2`` under the
+    v3 rule, convergence not shown)."""
+    def earlier(cid: str, c: dict) -> str:
+        return (f"v3 R1: {before['R1']['decision'].text()}" if cid == "R1c" else
+                f"v2 records before v5: {_v2_label_before_v5(v2, c['column'])}, convergence not shown")
+
+    rows, crow, power_rows, summaries = _claim_tables(claims, PLAN_V5, "v5", drift=True, earlier=earlier)
+    _plot_curves(ax, claims, colour_by_claim=True)
     ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title="protocol v5: 20 rounds")
     if ax.lines:
         ax.legend(fontsize=6)
-    unsettled = [f"{cid} ({_moving(c)})" for cid, c in claims.items() if c["decision"].label == "not converged"]
     lines = [
         "## Results, protocol v5\n",
         "Confirmations in v3's setting (20 rounds, evaluations every 2 rounds) on fresh seeds: **R1c**, the thesis's "
@@ -899,8 +891,7 @@ def _v5_section(claims: dict[str, dict], v3: list[dict], v2: list[dict], ax) -> 
         markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
                         "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)",
                         "per-run drift SR / EW (pp, information)", "v5 label", "earlier label"), crow),
-        *([f"\n**Not converged at 20 rounds**: {'; '.join(unsettled)}. Those claims get no verdict under v5.\n"]
-          if unsettled else []),
+        *_not_converged(_unsettled(claims), 20, "v5"),
         *_r1_against_r1c(before["R1"], claims["R1c"]),
         "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
         "seeds done so far:\n",
@@ -946,19 +937,21 @@ def write_report(records: list[dict], out) -> list:
     v1_lines, summaries = _v1_section([r for r in records if r["protocol"] == "v1"], axes)
     save_figure(fig, out_dir / "accuracy.png")
     fig, axes = new_figure(ncols=1, width=7.0, height=3.8)
-    v2_recs = [r for r in records if r["protocol"] == "v2"]
-    v2_lines, v2_summaries = _v2_section(v2_recs, records, axes[0])
+    v2_recs, v3_recs = ([r for r in records if r["protocol"] == p] for p in ("v2", "v3"))
+    claims_v3 = _v3_claims(v3_recs)
+    claims_v5 = _v5_claims([r for r in records if r["protocol"] == "v5"])
+    checks = setting_checks(claims_v3, claims_v5)
+    v2_lines, v2_summaries = _v2_section(v2_recs, records, axes[0], checks)
     save_figure(fig, out_dir / "columns-v2.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
-    v3_recs = [r for r in records if r["protocol"] == "v3"]
-    v5_claims = _v5_claims([r for r in records if r["protocol"] == "v5"])
-    v3_lines, v3_summaries = _v3_section(v3_recs, v2_recs, axes[0], v5_claims)
+    v3_lines, v3_summaries = _v3_section(claims_v3, v3_recs, v2_recs, axes[0], checks)
     save_figure(fig, out_dir / "columns-v3.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
-    v4_lines, v4_summaries = _v4_section([r for r in records if r["protocol"] == "v4"], v3_recs, axes[0])
+    v4_lines, v4_summaries = _v4_section(_v4_claims([r for r in records if r["protocol"] == "v4"]), claims_v3,
+                                         axes[0])
     save_figure(fig, out_dir / "curves-v4.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
-    v5_lines, v5_summaries = _v5_section(v5_claims, v3_recs, v2_recs, axes[0])
+    v5_lines, v5_summaries = _v5_section(claims_v5, claims_v3, v2_recs, axes[0])
     save_figure(fig, out_dir / "curves-v5.png")
     plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V5[cid][0]}-{PLAN_V5[cid][-1]} "
              f"--settings '{v3_setting(column, heads)}' --one-seed-at-a-time   # {cid}"
