@@ -580,6 +580,20 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
     return out
 
 
+#: the leading columns of a protocol's claim table (:func:`_claim_tables`), and its per-run drift column
+CLAIM_HEADER = ("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
+                "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)")
+DRIFT_HEADER = "per-run drift SR / EW (pp, information)"
+
+
+def _accuracy_table(rows: list[tuple]) -> list[str]:
+    """The page's table of test accuracy per claim and strategy (``rows`` from :func:`_claim_tables`)."""
+    return ["\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
+            "seeds done so far:\n",
+            markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
+                           rows)]
+
+
 def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: str, *, drift: bool = False,
                   earlier=None, title_suffix: str = "") -> tuple[list[tuple], list[tuple], list[tuple], list]:
     """A protocol's claims (``claims``: :func:`_claims` over ``plans``) as the page shows them: ``(rows, claim_rows,
@@ -715,12 +729,8 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
         f"pending until a claim has its planned seeds; **not converged** when the seed-mean CIS accuracy of either "
         f"strategy still moves by {100 * CONVERGED_BELOW:.1f} pp or more between rounds 18 and 20 "
         f"(`tail_change`, tail 0.2; weak under the annealed schedule, see the protocol). {LR_TEXT}\n",
-        markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
-                        "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)", "v3 label"), crow),
-        "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
-        "seeds done so far:\n",
-        markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
-                       rows),
+        markdown_table((*CLAIM_HEADER, "v3 label"), crow),
+        *_accuracy_table(rows),
         "\n**Ablation: how much of Serving Rate's gain comes from aggregating the heads.** Per column, over the "
         "seeds with all four runs (v2's records are the heads-aggregated runs of seeds 0-9): the gain Serving Rate − "
         "Equal Weight in each setting and their paired difference (heads aggregated minus not). Not a claim of the "
@@ -812,14 +822,9 @@ def _v4_section(claims: dict[str, dict], before: dict[str, dict], ax) -> tuple[l
         f"the futility stop: a heads-not-aggregated cell whose per-run drift is resolved beyond ±"
         f"{100 * CONVERGED_BELOW:.1f} pp at {FUTILITY_AFTER} or more seeds stops there and reads **not converged**. "
         f"v3's label of the same cell at 20 rounds is beside. {LR_TEXT}\n",
-        markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
-                        "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)",
-                        "per-run drift SR / EW (pp, information)", "v4 label", "v3 label (20 rounds)"), crow),
+        markdown_table((*CLAIM_HEADER, DRIFT_HEADER, "v4 label", "v3 label (20 rounds)"), crow),
         *_v4_unsettled(claims),
-        "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
-        "seeds done so far:\n",
-        markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
-                       rows),
+        *_accuracy_table(rows),
         f"\n**Ablation at {ROUNDS_V4} rounds**: per column, over the seeds with all four runs, the gain Serving Rate − "
         "Equal Weight in each setting and their paired difference (heads aggregated minus not); no label, Holm over "
         "v4's columns.\n",
@@ -888,15 +893,10 @@ def _v5_section(claims: dict[str, dict], before: dict[str, dict], v2: list[dict]
         f"seeds; **not converged** when the seed-mean CIS accuracy of either strategy moves by "
         f"{100 * CONVERGED_BELOW:.1f} pp or more between rounds 18 and 20 (`tail_change`, tail 0.2). The "
         f"per-run drift (`drift_check`) is information. {LR_TEXT}\n",
-        markdown_table(("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
-                        "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)",
-                        "per-run drift SR / EW (pp, information)", "v5 label", "earlier label"), crow),
+        markdown_table((*CLAIM_HEADER, DRIFT_HEADER, "v5 label", "earlier label"), crow),
         *_not_converged(_unsettled(claims), 20, "v5"),
         *_r1_against_r1c(before["R1"], claims["R1c"]),
-        "\nTest accuracy % (2,000 test images) after the last round, mean [95 % CI], over each claim's planned "
-        "seeds done so far:\n",
-        markdown_table(("serving", "setting", "strategy", "seeds", "exit 1", "exit 2", "exit 3", "CIS accuracy"),
-                       rows),
+        *_accuracy_table(rows),
         "\nPower (v5's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
         markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
                        power_rows),
