@@ -181,7 +181,9 @@ class CISAccuracy(Callback):
     """Logs the CIS accuracy of the (global) early-exit model at the end of validation and test.
 
     Logged names: ``cis_acc`` and ``cis_acc_node{i}`` (nodes that served something) after validation, and
-    ``test_cis_acc`` / ``test_cis_acc_node{i}`` after ``trainer.test``. Skipped during the sanity check.
+    ``test_cis_acc`` / ``test_cis_acc_node{i}`` after ``trainer.test``; ``name`` replaces ``cis_acc`` in each, so
+    several instances can score one model under different topologies (e.g. every serving setting from one run whose
+    training does not depend on the setting). Skipped during the sanity check.
 
     Per batch it reads ``outputs["exit_logits"]`` (and ``outputs["labels"]``) when ``validation_step``/``test_step``
     returns them (``EarlyExitClassifier`` does); otherwise it runs ``pl_module(x)`` on ``batch = (x, y, ...)``, which
@@ -193,6 +195,7 @@ class CISAccuracy(Callback):
         confidence: ``"norm_entropy"`` or ``"max_softmax"``.
         log_per_node: also log the per-node accuracies.
         prog_bar: show ``cis_acc`` in the progress bar.
+        name: the logged name in place of ``cis_acc``; instances in one Trainer need distinct names.
     """
 
     def __init__(
@@ -201,7 +204,10 @@ class CISAccuracy(Callback):
         confidence: str = "norm_entropy",
         log_per_node: bool = True,
         prog_bar: bool = False,
+        name: str = "cis_acc",
     ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
         if not isinstance(topology, CISTopology):
             raise ValueError(f"topology must be a CISTopology, got {type(topology).__name__}")
         if confidence not in _CONFIDENCE:
@@ -210,9 +216,16 @@ class CISAccuracy(Callback):
         self.confidence = confidence
         self.log_per_node = log_per_node
         self.prog_bar = prog_bar
+        self.name = name
         self._scores: list[Tensor] = []
         self._correct: list[Tensor] = []
         self.last_result: CISResult | None = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Lightning keys a callback's checkpoint state by this; distinct per name, so instances may coexist
+        return self._generate_state_key(name=self.name)
 
     def _reset(self) -> None:
         self._scores, self._correct = [], []
@@ -235,11 +248,11 @@ class CISAccuracy(Callback):
         result = cis_evaluate_scores(self.topology, torch.cat(self._scores, 1), torch.cat(self._correct, 1))
         self._reset()
         self.last_result = result
-        pl_module.log(f"{prefix}cis_acc", result.accuracy, prog_bar=self.prog_bar)
+        pl_module.log(f"{prefix}{self.name}", result.accuracy, prog_bar=self.prog_bar)
         if self.log_per_node:
             for i, acc in enumerate(result.node_accuracy.tolist()):
                 if not math.isnan(acc):
-                    pl_module.log(f"{prefix}cis_acc_node{i}", acc)
+                    pl_module.log(f"{prefix}{self.name}_node{i}", acc)
 
     # validation
     @override

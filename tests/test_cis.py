@@ -222,3 +222,34 @@ def test_cis_callback_logs_overall_and_per_node(tmp_path):
     trainer.test(module, dataloaders=loader, verbose=False)
     assert float(trainer.callback_metrics["test_cis_acc"]) == pytest.approx(expected.accuracy, abs=1e-6)
     assert "test_acc_exit1" in trainer.callback_metrics
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_cis_callbacks_with_distinct_names_score_one_model_under_two_topologies(tmp_path):
+    """One fit, two CISAccuracy instances: the hand example's tree and the same tree with no transfer (every leaf
+    serves all it receives, so the root serves nothing). Each logs under its own name the value cis_evaluate gives
+    for its topology; the two differ, so neither overwrote the other. An empty name is refused."""
+    torch.manual_seed(0)
+    topo, _, _ = _hand_example()
+    local = CISTopology([[1, 2], [], []], [2, 1, 1], arrival=[0, 1, 2], transfer_cap=[0, 0, 0])
+    net = early_exit_resnet18(num_classes=3, exits=(3,), base_width=4)
+    module = EarlyExitClassifier(net, num_classes=3, train_exit=1)
+    gen = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(8, 3, 8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+    loader = DataLoader(data, batch_size=4)
+    callbacks = [CISAccuracy(topo), CISAccuracy(local, name="cis_acc_local")]
+    assert len({cb.state_key for cb in callbacks}) == 2
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, callbacks=callbacks, default_root_dir=tmp_path)
+    trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
+    module.eval()
+    with torch.no_grad():
+        logits = module(data.tensors[0])
+    tree, alone = cis_evaluate(topo, logits, data.tensors[1]), cis_evaluate(local, logits, data.tensors[1])
+    metrics = trainer.callback_metrics
+    assert float(metrics["cis_acc"]) == pytest.approx(tree.accuracy, abs=1e-6)
+    assert float(metrics["cis_acc_local"]) == pytest.approx(alone.accuracy, abs=1e-6)
+    assert tree.accuracy != pytest.approx(alone.accuracy, abs=1e-3)
+    assert float(metrics["cis_acc_local_node1"]) == pytest.approx(float(alone.node_accuracy[1]), abs=1e-6)
+    assert "cis_acc_local_node0" not in metrics  # the root serves nothing without transfer
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+        CISAccuracy(topo, name="")
