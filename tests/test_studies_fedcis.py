@@ -343,7 +343,6 @@ def test_v4_futility_stop_ends_a_heads_not_aggregated_cell_whose_drift_is_resolv
 def test_v5_confirms_r1_and_v2s_unchecked_columns_in_v3s_setting_on_fresh_seeds():
     # protocol v5: R1c (80-15-5, heads not aggregated), C5 (80-15-5) and C6 (60-30-10) heads aggregated; planned
     # seeds 16, 10, 10 from 200, disjoint from v3's 0-24, v4's 100-119 and the pilots' 900-901
-    assert fedcis.PROTOCOL == "v5" and fedcis.CELLS == fedcis.CELLS_V5 and fedcis.SEEDS == fedcis.SEEDS_V5
     assert fedcis.CLAIMS_V5 == (("R1c", "80-15-5", "heads not aggregated"), ("C5", "80-15-5", "heads aggregated"),
                                 ("C6", "60-30-10", "heads aggregated"))
     assert {cid: (plan[0], len(plan)) for cid, plan in fedcis.PLAN_V5.items()} == {
@@ -488,3 +487,155 @@ def test_r1c_is_set_beside_v3s_r1_with_welchs_interval():
     assert "different processors (R1: Intel; R1c: AMD)" in text
     one = fedcis._v3_claims(cell("80-15-5, heads not aggregated", "v3", range(1), 0.0, "Intel"))["R1"]
     assert fedcis._r1_against_r1c(one, r1c) == []
+
+
+# ------------------------------------------------------------------------------------------------------ protocol v6
+V6_COLUMNS = ["80-15-5", "60-30-10", "20-35-45", "10-30-60", "5-15-80"]
+
+
+def test_v6_runs_v2s_setting_at_the_thesiss_100_rounds_with_one_equal_weight_run_per_seed():
+    # protocol v6: the five columns whose heads-aggregated check failed (v3's C2-C4, v5's C5, C6), 100 rounds, fresh
+    # seeds from 300; Serving Rate per column, one Equal Weight cell scored on every column's tree
+    assert fedcis.PROTOCOL == "v6" and fedcis.CELLS == fedcis.CELLS_V6 and fedcis.SEEDS == fedcis.SEEDS_V6
+    assert [(cid, col) for cid, col, heads in fedcis.CLAIMS_V6 if heads == "heads aggregated"] == list(zip(
+        ["C5T", "C6T", "C2T", "C3T", "C4T"], V6_COLUMNS))
+    seeds = set().union(*map(set, fedcis.PLAN_V6.values()))
+    assert seeds == set(fedcis.SEEDS_V6)
+    assert not seeds & (set(fedcis.SEEDS_V3) | set(fedcis.SEEDS_V4) | set(fedcis.SEEDS_V5) | {900, 901})
+    *served, equal = fedcis.CELLS_V6
+    assert [(c.setting, c.method) for c in served] == [(f"{col}, heads aggregated, 100 rounds", "Serving Rate")
+                                                       for col in V6_COLUMNS]
+    for cell in served:  # v2's setting as v3 evaluates it (every 2 rounds), but for the horizon
+        assert cell.config == {**fedcis.BASE_V3, "serving": cell.setting.split(",")[0], "aggregate_heads": True,
+                               "rounds": 100}
+    assert (equal.setting, equal.method) == ("every column, heads aggregated, 100 rounds", "Equal Weight")
+    assert equal.config == {**served[0].config, "cis_columns": V6_COLUMNS}
+    assert fedcis.CANARY.setting == fedcis.CELLS_V3[0].setting  # the canary stays v3's first cell
+
+
+def test_v6_plans_every_claim_at_v4s_cap_of_20_seeds():
+    """Protocol v6: every claim plans v4's cap, 20 seeds. The rule of v4 (80 % power at 1 - 0.05/5 to resolve the
+    |mean| of the cell's last check from its paired SD, 10 to 20 seeds) would plan 10 for four claims and 20 for C2T;
+    recomputed here from the committed records of the last checks (v4's C2L-C4L, v5's C5, C6)."""
+    import glob
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from lightning_fedhet.experiments import seeds_for_power
+
+    assert {cid: (plan[0], len(plan)) for cid, plan in fedcis.PLAN_V6.items()} == dict.fromkeys(
+        ("C5T", "C6T", "C2T", "C3T", "C4T"), (300, 20))
+    root = Path(__file__).resolve().parents[1] / "docs/results/records/fedcis"
+    recs = [json.loads(Path(p).read_text()) for p in glob.glob(str(root / "v[45]/**/seed*.json"), recursive=True)]
+    last = {**fedcis._v4_claims([r for r in recs if r["protocol"] == "v4"]),
+            **fedcis._v5_claims([r for r in recs if r["protocol"] == "v5"])}
+    need = {}
+    for cid, (_, eid) in fedcis.EARLIER_V6.items():
+        d = np.asarray(last[eid]["diffs"])
+        assert d.size == 10
+        need[cid] = seeds_for_power(float(d.std(ddof=1)), abs(float(d.mean())), level=1 - 0.05 / 5)
+    assert need == {"C5T": 4, "C6T": 6, "C2T": 21, "C3T": 7, "C4T": 8}
+
+
+def _tiny(config: dict) -> dict:
+    return {**config, "base_width": 4, "rounds": 2, "eval_every": 1, "local_steps": 1, "batch_size": 8,
+            "train_size": 140, "test_size": 40, "synthetic_data": True}
+
+
+def test_equal_weight_trains_the_same_in_every_column_so_one_run_scores_them_all():
+    """The premise of v6's Equal Weight cell: two Equal Weight runs whose trees differ only in the serving column give
+    the same per-exit accuracies, and one run scored on several columns gives each column's CIS accuracy of its own
+    run. Serving Rate's weights read the column, so a Serving Rate cell may not score several."""
+    *_, equal = fedcis.CELLS_V6
+    single = {col: fedcis.run_cell(Cell(col, "Equal Weight", _tiny({**equal.config, "serving": col,
+                                                                     "cis_columns": None})), seed=3)["metrics"]
+              for col in ("80-15-5", "5-15-80")}
+    both = fedcis.run_cell(Cell(equal.setting, "Equal Weight",
+                                _tiny({**equal.config, "cis_columns": ["80-15-5", "5-15-80"]})), seed=3)["metrics"]
+    for e in (1, 2, 3):
+        assert single["80-15-5"][f"val_acc_exit{e}"] == single["5-15-80"][f"val_acc_exit{e}"] == \
+            both[f"val_acc_exit{e}"]
+    for col in single:
+        assert both[fedcis.cis_key(col)] == single[col]["cis_acc"]
+    assert single["80-15-5"]["cis_acc"] != single["5-15-80"]["cis_acc"]  # the trees do score differently
+    with pytest.raises(ValueError, match="cis_columns: only Equal Weight"):
+        fedcis.run_cell(Cell("x", "Serving Rate", _tiny(equal.config)), seed=3)
+
+
+def _v6_record(setting: str, method: str, seed: int, cis: float | dict, late: float = 0.0) -> dict:
+    """Evaluations every 2 rounds up to 100; flat but for rounds 82-90 at ``late`` below (tail_change = late).
+    ``cis``: the CIS accuracy, or per column (the Equal Weight cell's ``cis_acc_<column>``)."""
+    def curve(v: float) -> list[float]:
+        return [v - late if 80 < r <= 90 else v for r in range(2, 101, 2)]
+
+    keys = {fedcis.cis_key(c): curve(v) for c, v in cis.items()} if isinstance(cis, dict) else {"cis_acc": curve(cis)}
+    return {"protocol": "v6", "setting": setting, "method": method, "seed": seed,
+            "metrics": {"round": list(range(2, 101, 2)), **{f"val_acc_exit{e}": curve(0.5) for e in (1, 2, 3)},
+                        **keys}, "config": {"lambda_tilde": [1 / 3] * 3}}
+
+
+def test_v6_claim_reads_equal_weights_cis_of_its_own_column_and_is_decided_on_holm_over_five():
+    """C5T (80-15-5): Serving Rate 0.76 +- 0.005 alternating over seeds 300-319; the Equal Weight cell scores 0.70 on
+    80-15-5's tree and 0.80 on every other column's. So C5T's difference is 6 pp +- 0.5 pp, sd = 0.5 sqrt(20/19) =
+    0.51299 pp; the other four claims have no Serving Rate record (ordered last), so Holm's first step puts C5T at
+    1 - 0.05/5: half-width t_{0.995, 19} sd / sqrt(20) = 2.86093 (scipy) x 0.11471 = 0.32817 pp -> [5.67, 6.33]:
+    reproduced. Equal Weight's rounds 82-90 0.6 pp below its rounds 92-100 -> |tail_change| = 0.6 pp: not
+    converged."""
+    def records(late: float, seeds=fedcis.PLAN_V6["C5T"]) -> list[dict]:
+        out = []
+        for k, seed in enumerate(seeds):
+            d = 0.005 * (1 if k % 2 else -1)
+            out += [_v6_record("80-15-5, heads aggregated, 100 rounds", "Serving Rate", seed, 0.76 + d),
+                    _v6_record(fedcis.EVERY_COLUMN_V6, "Equal Weight", seed,
+                               {col: 0.70 if col == "80-15-5" else 0.80 for col in V6_COLUMNS}, late)]
+        return out
+
+    claims = fedcis._v6_claims(records(0.004))
+    c5 = claims["C5T"]
+    assert c5["holm"][1] == pytest.approx(0.06 - 0.0032817, abs=1e-6)
+    assert c5["holm"][2] == pytest.approx(0.06 + 0.0032817, abs=1e-6)
+    assert c5["decision"].label == "reproduced" and c5["tails"]["Equal Weight"] == pytest.approx(0.004)
+    # the other columns: Equal Weight's runs are there (scored on their trees), Serving Rate's are not
+    assert claims["C6T"]["decision"].text() == "pending (0/20 seeds)" and len(claims["C6T"]["cell"]) == 20
+    assert {r["metrics"]["cis_acc"][-1] for r in claims["C6T"]["cell"]} == {0.80}
+    assert fedcis._v6_claims(records(0.006))["C5T"]["decision"].label == "not converged"
+    # the page: v6's label beside v5's C5 (no v5 record here: pending), the sign row, the not-converged sentence
+    from lightning_fedhet.experiments import new_figure
+
+    fig, axes = new_figure()
+    earlier = {"v4": fedcis._v4_claims([]), "v5": fedcis._v5_claims([])}
+    lines, summaries = fedcis._v6_section(fedcis._v6_claims(records(0.004)), earlier, axes[0])
+    text = "\n".join(lines)
+    row = next(line for line in text.splitlines() if line.startswith("| C5T |"))
+    assert "**reproduced**" in row and row.endswith("| v5 C5 (20 rounds): pending (0/10 seeds) |")
+    c2 = next(line for line in text.splitlines() if line.startswith("| C2T |"))
+    assert c2.endswith("| v4 C2L (40 rounds): pending (0/10 seeds) |")
+    sign = next(line for line in text.splitlines() if line.startswith("| ours, heads aggregated, 100 rounds"))
+    assert sign.split(" | ")[1:] == ["+", "?", "–", "?", "?", "? |"]
+    assert summaries[0].verdict == "reproduced" and summaries[0].claim.endswith("(C5T, heads aggregated, 100 rounds)")
+    lines, _ = fedcis._v6_section(fedcis._v6_claims(records(0.006)), earlier, axes[0])
+    assert "**Not converged at 100 rounds**: C5T (Equal Weight +0.60 pp)." in "\n".join(lines)
+
+
+def test_v6_futility_stop_ends_c2t_at_10_seeds_when_its_drift_is_resolved():
+    """C2T plans 20 seeds, as every v6 claim. Equal Weight's rounds 82-90 sit 1 pp below its rounds 92-100 in every
+    run: each run's tail change is +1 pp, drift_check's interval [1, 1] pp lies beyond ±0.5 pp, so at 10 seeds C2T
+    stops and reads "not converged" (10 seeds); at 9 it is pending; 0.4 pp in every run does not stop it."""
+    plan = list(fedcis.PLAN_V6["C2T"])
+    assert fedcis.FUTILITY_AFTER_V6 == 10
+
+    def records(n: int, late: float) -> list[dict]:
+        out = []
+        for seed in plan[:n]:
+            out += [_v6_record("20-35-45, heads aggregated, 100 rounds", "Serving Rate", seed, 0.79),
+                    _v6_record(fedcis.EVERY_COLUMN_V6, "Equal Weight", seed, dict.fromkeys(V6_COLUMNS, 0.80),
+                               late)]
+        return out
+
+    stopped = fedcis._v6_claims(records(10, 0.01))["C2T"]
+    assert stopped["stopped"] and stopped["decision"].label == "not converged" and stopped["decision"].n == 10
+    assert fedcis._v6_claims(records(9, 0.01))["C2T"]["decision"].text() == "pending (9/20 seeds)"
+    running = fedcis._v6_claims(records(10, 0.004))["C2T"]
+    assert not running["stopped"] and running["decision"].text() == "pending (10/20 seeds)"

@@ -158,6 +158,11 @@ def build(config: dict, method: str, base: str):
     return model, topo, rule
 
 
+def cis_key(column: str) -> str:
+    """The metric name of ``column``'s CIS accuracy in a run that scores several columns (protocol v6)."""
+    return f"cis_acc_{column}"
+
+
 def run_cell(cell, seed: int) -> dict:
     """Train one (setting, strategy) for one seed; metrics: per-exit and CIS test accuracy at each evaluation."""
     c = cell.config
@@ -171,9 +176,17 @@ def run_cell(cell, seed: int) -> dict:
     strategy = FedHetStrategy(algorithm=rule, local_steps=c["local_steps"], engine=c["engine"], seed=seed,
                               optimizer_state="persist" if persist else "reset")
     names = tuple(f"val_acc_exit{e}" for e in range(1, topo.num_exits + 1)) + ("cis_acc",)
-    # CISAccuracy logs cis_acc at the end of the validation epoch, before the curve reads it
-    points = _train.fit(model, data, strategy, c["rounds"], c["eval_every"], names=names,
-                        callbacks=(CISAccuracy(topo),))
+    if c.get("cis_columns"):  # protocol v6's Equal Weight cell: one run scores every column's tree
+        if STRATEGIES[cell.method] != "equal":
+            raise ValueError(f"cis_columns: only Equal Weight trains the same in every serving column (its weights "
+                             f"do not read the serving rates); got method {cell.method!r}")
+        scorers = tuple(CISAccuracy(CISTopology.preset("7-node", column, partition=c["partition"]),
+                                    name=cis_key(column)) for column in c["cis_columns"])
+        names = names[:-1] + tuple(s.name for s in scorers)
+    else:
+        scorers = (CISAccuracy(topo),)
+    # CISAccuracy logs at the end of the validation epoch, before the curve reads it
+    points = _train.fit(model, data, strategy, c["rounds"], c["eval_every"], names=names, callbacks=scorers)
     metrics = _train.series(points)
     return {"metrics": metrics, "engine": c["engine"], "data_checksum": _train.data_checksum(parts, *train.tensors),
             "config": {"node_sizes": [len(p) for p in parts],
@@ -308,8 +321,48 @@ SEEDS_V5 = tuple(range(200, 216))
 CELLS_V5 = tuple(Cell(v3_setting(column, heads), method,
                       {**BASE_V3, "serving": column, "aggregate_heads": HEADS[heads]})
                  for _, column, heads in CLAIMS_V5 for method in STRATEGIES)
-CELLS = CELLS_V5
-SEEDS = SEEDS_V5
+
+
+# ------------------------------------------------------------------------------------------------ protocol v6 cells
+# v2's setting (heads aggregated) at the thesis's own horizon, 100 rounds (the cosine schedule anneals over the 100),
+# evaluated every 2 rounds, on fresh seeds, in the five columns whose check failed at 20 rounds (v3's C2-C4, v5's C5,
+# C6) and at 40 (v4's C2L-C4L). Equal Weight trains the same in every column (its weights do not read the serving
+# rates; its per-exit accuracies in v4's three columns are equal seed by seed), so one Equal Weight run per seed scores
+# all five columns' trees (`cis_columns`); Serving Rate runs once per column and seed.
+PROTOCOL = "v6"
+ROUNDS_V6 = 100
+#: v6's claims, (id, column, heads): the id of the cell's last check with "T" (the thesis's horizon)
+CLAIMS_V6 = (("C5T", "80-15-5", "heads aggregated"), ("C6T", "60-30-10", "heads aggregated"),
+             ("C2T", "20-35-45", "heads aggregated"), ("C3T", "10-30-60", "heads aggregated"),
+             ("C4T", "5-15-80", "heads aggregated"))
+#: the earlier claim of each v6 claim's cell (v4's at 40 rounds, v5's at 20), shown beside its label
+EARLIER_V6 = {"C5T": ("v5", "C5"), "C6T": ("v5", "C6"), "C2T": ("v4", "C2L"), "C3T": ("v4", "C3L"),
+              "C4T": ("v4", "C4L")}
+#: planned seeds per claim (protocol v6: v4's cap of 20 for every claim, fresh, from 300; the pilot's 80-15-5 gain
+#: at 100 rounds is about a fifth of v5's at 20, so the last checks' means, which would plan 10-21, overstate the
+#: effects at the thesis's horizon)
+SEEDS_V6 = tuple(range(300, 320))
+PLAN_V6 = {cid: range(SEEDS_V6[0], SEEDS_V6[-1] + 1) for cid, _, _ in CLAIMS_V6}
+#: protocol v6's futility stop: a claim whose per-run drift is resolved beyond the bound at this many seeds stops
+#: there and reads "not converged"
+FUTILITY_AFTER_V6 = 10
+#: the Equal Weight cell's setting: one run per seed, every v6 column's CIS accuracy (:func:`cis_key`)
+EVERY_COLUMN_V6 = f"every column, heads aggregated, {ROUNDS_V6} rounds"
+BASE_V6 = {**BASE_V3, "aggregate_heads": True, "rounds": ROUNDS_V6}
+
+
+def v6_setting(column: str, heads: str = "heads aggregated") -> str:
+    """A v6 claim's setting name, e.g. ``"80-15-5, heads aggregated, 100 rounds"``."""
+    return f"{v3_setting(column, heads)}, {ROUNDS_V6} rounds"
+
+
+#: v6's cells: Serving Rate per column, in the claims' order, then the one Equal Weight cell (trained with the first
+#: column's tree, which its training does not read; scored on every column's)
+CELLS_V6 = (*(Cell(v6_setting(column), "Serving Rate", {**BASE_V6, "serving": column}) for _, column, _ in CLAIMS_V6),
+            Cell(EVERY_COLUMN_V6, "Equal Weight", {**BASE_V6, "serving": CLAIMS_V6[0][1],
+                                                   "cis_columns": [column for _, column, _ in CLAIMS_V6]}))
+CELLS = CELLS_V6
+SEEDS = SEEDS_V6
 
 
 # --------------------------------------------------------------------------------------------------------- report
@@ -531,6 +584,26 @@ def _v4_claims(recs: list[dict]) -> dict[str, dict]:
     return _claims(recs, CLAIMS_V4, PLAN_V4, v4_setting, futility_after=FUTILITY_AFTER)
 
 
+def _per_column(recs: list[dict]) -> list[dict]:
+    """v6's records with each Equal Weight run (setting :data:`EVERY_COLUMN_V6`) set out once per v6 column: the
+    column's setting (:func:`v6_setting`) and that column's CIS accuracy (:func:`cis_key`) as ``cis_acc``."""
+    out = []
+    for r in recs:
+        if r["setting"] != EVERY_COLUMN_V6:
+            out.append(r)
+            continue
+        out += [{**r, "setting": v6_setting(column),
+                 "metrics": {**r["metrics"], "cis_acc": r["metrics"][cis_key(column)]}} for _, column, _ in CLAIMS_V6]
+    return out
+
+
+def _v6_claims(recs: list[dict]) -> dict[str, dict]:
+    """As :func:`_v3_claims`, for v6's claims (Holm over v6's family of 5), Equal Weight's runs set out per column
+    (:func:`_per_column`), with v6's futility stop (:data:`FUTILITY_AFTER_V6`)."""
+    return _claims(_per_column(recs), CLAIMS_V6, PLAN_V6, v6_setting, futility_after=FUTILITY_AFTER_V6,
+                   futility_heads="heads aggregated")
+
+
 def _drift(cell: list[dict], method: str) -> Drift | None:
     """`drift_check` of ``method``'s per-run CIS accuracy in ``cell`` at ±:data:`CONVERGED_BELOW` (``None`` with
     fewer than 2 runs)."""
@@ -549,12 +622,12 @@ def _futile(drifts: dict[str, Drift | None], n: int, planned: int, after: int | 
 
 
 def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of,
-            futility_after: int | None = None) -> dict[str, dict]:
+            futility_after: int | None = None, futility_heads: str = "heads not aggregated") -> dict[str, dict]:
     """Per claim ``(id, column, heads)``: per-seed CIS of both strategies over its planned seeds (``plans``), the
     convergence check (:data:`CONVERGED_BELOW` on ``tail_change`` of each strategy's seed-mean curve), the Holm
     interval over ``claims`` and :func:`decide`'s label on it; ``setting_of(column, heads)`` names the cell. With
-    ``futility_after``, a heads-not-aggregated cell stopped by :func:`_futile` reads "not converged" at the seeds it
-    has (protocol v4)."""
+    ``futility_after``, a cell of ``futility_heads`` stopped by :func:`_futile` reads "not converged" at the seeds it
+    has (protocol v4: heads not aggregated; v6: heads aggregated)."""
     out = {}
     for cid, column, heads in claims:
         setting, plan = setting_of(column, heads), set(plans[cid])
@@ -563,7 +636,7 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
         seeds = sorted(set(sr) & set(ew))
         tails = {m: tail_change(*seed_mean_curve([r for r in cell if r["method"] == m])) for m in STRATEGIES}
         drifts = {m: _drift(cell, m) for m in STRATEGIES}
-        stopped = heads == "heads not aggregated" and _futile(drifts, len(seeds), len(plans[cid]), futility_after)
+        stopped = heads == futility_heads and _futile(drifts, len(seeds), len(plans[cid]), futility_after)
         out[cid] = {"column": column, "heads": heads, "setting": setting, "cell": cell, "sr": sr, "ew": ew,
                     "tails": tails, "drifts": drifts, "diffs": [sr[k] - ew[k] for k in seeds], "stopped": stopped,
                     "converged": not stopped and all(abs(t) < CONVERGED_BELOW for t in tails.values())}
@@ -905,6 +978,57 @@ def _v5_section(claims: dict[str, dict], before: dict[str, dict], v2: list[dict]
     return lines, summaries
 
 
+def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax) -> tuple[list[str], list]:
+    """Protocol v6 (``claims``: :func:`_v6_claims`): v2's setting at the thesis's 100 rounds in the five columns whose
+    check failed at 20 and 40 rounds; each claim's earlier label beside (``earlier``: ``{"v4": _v4_claims(...),
+    "v5": _v5_claims(...)}``, per :data:`EARLIER_V6`); the sign pattern at 100 rounds against both of Table 5.1's
+    rows."""
+    def before(cid: str, c: dict) -> str:
+        protocol, eid = EARLIER_V6[cid]
+        horizon = ROUNDS_V4 if protocol == "v4" else 20
+        return f"{protocol} {eid} ({horizon} rounds): {earlier[protocol][eid]['decision'].text()}"
+
+    rows, crow, power_rows, summaries = _claim_tables(claims, PLAN_V6, "v6", drift=True, earlier=before,
+                                                      title_suffix=f", {ROUNDS_V6} rounds")
+    _plot_curves(ax, claims, colour_by_claim=True)
+    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title=f"protocol v6: {ROUNDS_V6} rounds")
+    if ax.lines:
+        ax.legend(fontsize=6)
+    by_column = {c["column"]: c for c in claims.values()}
+    ours = [_sign(*by_column[col]["holm"][1:]) if col in by_column and by_column[col]["decision"].final
+            else "–" if col not in by_column else "?" for col in COLUMNS]
+    thesis = {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
+    srow = [(f"thesis {d}", *thesis[d]) for d in thesis] + [
+        (f"ours, heads aggregated, {ROUNDS_V6} rounds (final labels only)", *ours)]
+    lines = [
+        "## Results, protocol v6\n",
+        f"v2's setting (the exit heads aggregated) at the thesis's own horizon, **{ROUNDS_V6} rounds** (the cosine "
+        f"schedule anneals over the {ROUNDS_V6}), evaluated every 2 rounds, on fresh seeds, in the five columns "
+        "whose convergence check failed at 20 rounds (v3's C2-C4, v5's C5, C6) and, where run, at 40 (v4's "
+        "C2L-C4L). Equal Weight trains the same in every column, so one Equal Weight run per seed is scored on every "
+        "column's tree; Serving Rate runs once per column. Decision rule as v3's: "
+        "`lightning_fedhet.experiments.decide` on the **Holm-adjusted** interval over the family of the "
+        f"{len(CLAIMS_V6)} claims below, g = the thesis's CIFAR10 difference; pending until a claim has its planned "
+        f"seeds; **not converged** when the seed-mean CIS accuracy of either strategy moves by "
+        f"{100 * CONVERGED_BELOW:.1f} pp or more between rounds 82-90 and 92-100 (`tail_change`, tail 0.2). The "
+        "per-run drift (`drift_check`) is information, except for the futility stop: a claim whose per-run drift is "
+        f"resolved beyond ±{100 * CONVERGED_BELOW:.1f} pp at {FUTILITY_AFTER_V6} or more seeds stops there and reads "
+        f"**not converged**. {LR_TEXT}\n",
+        markdown_table((*CLAIM_HEADER, DRIFT_HEADER, "v6 label", "earlier label"), crow),
+        *_not_converged(_unsettled(claims), ROUNDS_V6, "v6"),
+        "\n**Sign pattern at the thesis's horizon** of Serving Rate − Equal Weight (+ / − where the Holm interval "
+        "excludes 0, ? where it does not or the claim has no final label yet, – where v6 has no claim), against both "
+        "of Table 5.1's rows:\n",
+        markdown_table(("", *COLUMNS), srow),
+        *_accuracy_table(rows),
+        "\nPower (v6's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
+        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+                       power_rows),
+        "\n![v6: seed-mean CIS accuracy against rounds, per claim and strategy](fedcis/curves-v6.png)\n",
+    ]
+    return lines, summaries
+
+
 def write_report(records: list[dict], out) -> list:
     out_dir = out / "fedcis"
     lines = [
@@ -913,10 +1037,11 @@ def write_report(records: list[dict], out) -> list:
         "Protocols: [v1](fedcis/protocol-v1.md) (80-15-5 only), [v2](fedcis/protocol-v2.md) (every serving "
         "column), [v3](fedcis/protocol-v3.md) (the released code's aggregation, which leaves the exit heads out, "
         "beside v2's; confirmatory seeds; the ablation) and [v4](fedcis/protocol-v4.md) (the columns whose v3 cells "
-        "did not converge, at 40 rounds) and [v5](fedcis/protocol-v5.md) (confirmations in v3's setting: the "
-        "released code's 80-15-5, and v2's setting where its label had no convergence check), each committed before "
-        "its runs; each lists every departure "
-        "from the thesis's setting and the reason.\n",
+        "did not converge, at 40 rounds), [v5](fedcis/protocol-v5.md) (confirmations in v3's setting: the "
+        "released code's 80-15-5, and v2's setting where its label had no convergence check) and "
+        "[v6](fedcis/protocol-v6.md) (v2's setting at the thesis's 100 rounds, in the columns that did not converge "
+        "at 20 or 40), each committed before its runs; each lists every departure from the thesis's setting and the "
+        "reason.\n",
         "## Claim (quoted from the thesis)\n",
         "Ch. 5, Table 5.1 (equal data partition, 7-node tree, p = 0): \"Serving Rate\" (Lambda-tilde = Lambda) "
         "against \"Equal Weight\" (Lambda-tilde_e = 1/E) on CIS accuracy, per serving setting; on CIFAR10 the text "
@@ -947,29 +1072,38 @@ def write_report(records: list[dict], out) -> list:
     v3_lines, v3_summaries = _v3_section(claims_v3, v3_recs, v2_recs, axes[0], checks)
     save_figure(fig, out_dir / "columns-v3.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
-    v4_lines, v4_summaries = _v4_section(_v4_claims([r for r in records if r["protocol"] == "v4"]), claims_v3,
-                                         axes[0])
+    claims_v4 = _v4_claims([r for r in records if r["protocol"] == "v4"])
+    v4_lines, v4_summaries = _v4_section(claims_v4, claims_v3, axes[0])
     save_figure(fig, out_dir / "curves-v4.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
     v5_lines, v5_summaries = _v5_section(claims_v5, claims_v3, v2_recs, axes[0])
     save_figure(fig, out_dir / "curves-v5.png")
+    fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
+    v6_lines, v6_summaries = _v6_section(_v6_claims([r for r in records if r["protocol"] == "v6"]),
+                                         {"v4": claims_v4, "v5": claims_v5}, axes[0])
+    save_figure(fig, out_dir / "curves-v6.png")
+    cut, cmd = SEEDS_V6[FUTILITY_AFTER_V6], "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis"
+    plans_v6 = [f"{cmd} --seeds {SEEDS_V6[0]}-{cut - 1} --one-seed-at-a-time",
+                f"{cmd} --seeds {cut}-{SEEDS_V6[-1]} --settings '{v6_setting('<column>')}' '{EVERY_COLUMN_V6}' "
+                "--one-seed-at-a-time   # each column whose claim did not stop at 10"]
     plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V5[cid][0]}-{PLAN_V5[cid][-1]} "
              f"--settings '{v3_setting(column, heads)}' --one-seed-at-a-time   # {cid}"
              for cid, column, heads in CLAIMS_V5]
     plans_v4 = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V4[cid][0]}-"
                 f"{PLAN_V4[cid][-1]} --settings '{v4_setting(column, heads)}'   # {cid}"
                 for cid, column, heads in CLAIMS_V4]
-    lines += v5_lines + v4_lines + v3_lines + v2_lines + v1_lines + reproduce_section(records, (
-        f"# v5: each claim's planned seeds (a plain `run fedcis` runs seeds {SEEDS_V5[0]}-{SEEDS_V5[-1]} of every "
-        "cell, more than planned)",
+    lines += v6_lines + v5_lines + v4_lines + v3_lines + v2_lines + v1_lines + reproduce_section(records, (
+        f"# v6: seeds {SEEDS_V6[0]}-{cut - 1} of every cell, then seeds {cut}-{SEEDS_V6[-1]} of the claims whose "
+        f"futility stop did not end them at {FUTILITY_AFTER_V6}",
+        *plans_v6,
+        "# v5 and v4: from a checkout of the commit their records name (from v6 on, `run fedcis` runs v6's cells)",
         *plans,
-        "# v4: from a checkout of the commit its records name (from v5 on, `run fedcis` runs v5's cells)",
         *plans_v4,
         "python scripts/reproduce.py report                                  # this page, from the records",
     ))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out / "fedcis.md").write_text("\n".join(lines) + "\n")
-    return v5_summaries + v4_summaries + v3_summaries + v2_summaries + summaries
+    return v6_summaries + v5_summaries + v4_summaries + v3_summaries + v2_summaries + summaries
 
 
 #: re-run bit for bit by `reproduce.py check --rerun` (CI): the protocol's first cell, cut to a few seconds
