@@ -502,7 +502,7 @@ def test_v6_runs_v2s_setting_at_the_thesiss_100_rounds_with_one_equal_weight_run
     seeds = set().union(*map(set, fedcis.PLAN_V6.values()))
     assert seeds == set(fedcis.SEEDS_V6)
     assert not seeds & (set(fedcis.SEEDS_V3) | set(fedcis.SEEDS_V4) | set(fedcis.SEEDS_V5) | {900, 901})
-    *served, equal = fedcis.CELLS_V6
+    equal, *served = fedcis.CELLS_V6  # Equal Weight first: a seed's runs pair up as they land
     assert [(c.setting, c.method) for c in served] == [(f"{col}, heads aggregated, 100 rounds", "Serving Rate")
                                                        for col in V6_COLUMNS]
     for cell in served:  # v2's setting as v3 evaluates it (every 2 rounds), but for the horizon
@@ -544,22 +544,41 @@ def _tiny(config: dict) -> dict:
             "train_size": 140, "test_size": 40, "synthetic_data": True}
 
 
-def test_equal_weight_trains_the_same_in_every_column_so_one_run_scores_them_all():
-    """The premise of v6's Equal Weight cell: two Equal Weight runs whose trees differ only in the serving column give
-    the same per-exit accuracies, and one run scored on several columns gives each column's CIS accuracy of its own
-    run. Serving Rate's weights read the column, so a Serving Rate cell may not score several."""
-    *_, equal = fedcis.CELLS_V6
-    single = {col: fedcis.run_cell(Cell(col, "Equal Weight", _tiny({**equal.config, "serving": col,
-                                                                     "cis_columns": None})), seed=3)["metrics"]
-              for col in ("80-15-5", "5-15-80")}
+def test_equal_weight_trains_the_same_in_every_column_so_one_run_scores_them_all(monkeypatch):
+    """The premise of v6's Equal Weight cell: two Equal Weight runs whose trees differ only in the serving column end
+    with the same global model, bit for bit (every parameter and BatchNorm statistic), on the same data with the
+    same weights; one run scored on several columns gives each column's CIS accuracy of its own run. Serving Rate's
+    weights read the column: its final models differ (the check can see a dependence), and a Serving Rate cell may
+    not score several columns."""
+    finals = []
+    fit = fedcis._train.fit
+
+    def keep_final_model(model, *args, **kwargs):
+        out = fit(model, *args, **kwargs)
+        finals.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(fedcis._train, "fit", keep_final_model)
+    equal = fedcis.CELLS_V6[0]
+    runs = {col: fedcis.run_cell(Cell(col, "Equal Weight", _tiny({**equal.config, "serving": col,
+                                                                  "cis_columns": None})), seed=3)
+            for col in ("80-15-5", "5-15-80")}
+    a, b = finals
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert runs["80-15-5"]["data_checksum"] == runs["5-15-80"]["data_checksum"]
+    assert runs["80-15-5"]["config"] == runs["5-15-80"]["config"]  # node sizes and weights (1/3 each)
     both = fedcis.run_cell(Cell(equal.setting, "Equal Weight",
                                 _tiny({**equal.config, "cis_columns": ["80-15-5", "5-15-80"]})), seed=3)["metrics"]
-    for e in (1, 2, 3):
-        assert single["80-15-5"][f"val_acc_exit{e}"] == single["5-15-80"][f"val_acc_exit{e}"] == \
-            both[f"val_acc_exit{e}"]
-    for col in single:
-        assert both[fedcis.cis_key(col)] == single[col]["cis_acc"]
-    assert single["80-15-5"]["cis_acc"] != single["5-15-80"]["cis_acc"]  # the trees do score differently
+    assert all(torch.equal(finals[2][k], a[k]) for k in a)
+    for col, run in runs.items():
+        assert both[fedcis.cis_key(col)] == run["metrics"]["cis_acc"]
+        assert all(both[f"val_acc_exit{e}"] == run["metrics"][f"val_acc_exit{e}"] for e in (1, 2, 3))
+    assert runs["80-15-5"]["metrics"]["cis_acc"] != runs["5-15-80"]["metrics"]["cis_acc"]  # the trees score apart
+    served = [fedcis.run_cell(Cell(col, "Serving Rate", _tiny({**equal.config, "serving": col, "cis_columns": None})),
+                              seed=3) for col in ("80-15-5", "5-15-80")]
+    c, d = finals[3:]
+    assert served[0]["config"]["lambda_tilde"] != served[1]["config"]["lambda_tilde"]
+    assert not all(torch.equal(c[k], d[k]) for k in c)
     with pytest.raises(ValueError, match="cis_columns: only Equal Weight"):
         fedcis.run_cell(Cell("x", "Serving Rate", _tiny(equal.config)), seed=3)
 
@@ -597,9 +616,11 @@ def test_v6_claim_reads_equal_weights_cis_of_its_own_column_and_is_decided_on_ho
     assert c5["holm"][1] == pytest.approx(0.06 - 0.0032817, abs=1e-6)
     assert c5["holm"][2] == pytest.approx(0.06 + 0.0032817, abs=1e-6)
     assert c5["decision"].label == "reproduced" and c5["tails"]["Equal Weight"] == pytest.approx(0.004)
-    # the other columns: Equal Weight's runs are there (scored on their trees), Serving Rate's are not
-    assert claims["C6T"]["decision"].text() == "pending (0/20 seeds)" and len(claims["C6T"]["cell"]) == 20
-    assert {r["metrics"]["cis_acc"][-1] for r in claims["C6T"]["cell"]} == {0.80}
+    # the other columns: Equal Weight's runs are set out there with their own tree's score, but without Serving
+    # Rate's runs they are no pair, so they enter neither the difference nor the checks
+    c6 = [r for r in fedcis._per_column(records(0.004)) if r["setting"] == "60-30-10, heads aggregated, 100 rounds"]
+    assert len(c6) == 20 and {r["metrics"]["cis_acc"][-1] for r in c6} == {0.80}
+    assert claims["C6T"]["decision"].text() == "pending (0/20 seeds)" and claims["C6T"]["cell"] == []
     assert fedcis._v6_claims(records(0.006))["C5T"]["decision"].label == "not converged"
     # the page: v6's label beside v5's C5 (no v5 record here: pending), the sign row, the not-converged sentence
     from lightning_fedhet.experiments import new_figure
@@ -616,26 +637,36 @@ def test_v6_claim_reads_equal_weights_cis_of_its_own_column_and_is_decided_on_ho
     assert sign.split(" | ")[1:] == ["+", "?", "–", "?", "?", "? |"]
     assert summaries[0].verdict == "reproduced" and summaries[0].claim.endswith("(C5T, heads aggregated, 100 rounds)")
     lines, _ = fedcis._v6_section(fedcis._v6_claims(records(0.006)), earlier, axes[0])
-    assert "**Not converged at 100 rounds**: C5T (Equal Weight +0.60 pp)." in "\n".join(lines)
+    # 0.6 pp in every run: the per-run drift is resolved beyond the bound, so the stop ends C5T at its first 10 seeds
+    assert "**Not converged at 100 rounds**: C5T (stopped: per-run drift resolved; Equal Weight +0.60 pp)." in \
+        "\n".join(lines)
 
 
-def test_v6_futility_stop_ends_c2t_at_10_seeds_when_its_drift_is_resolved():
+def test_v6_futility_stop_is_judged_once_on_the_first_10_seeds_and_keeps_them():
     """C2T plans 20 seeds, as every v6 claim. Equal Weight's rounds 82-90 sit 1 pp below its rounds 92-100 in every
-    run: each run's tail change is +1 pp, drift_check's interval [1, 1] pp lies beyond ±0.5 pp, so at 10 seeds C2T
-    stops and reads "not converged" (10 seeds); at 9 it is pending; 0.4 pp in every run does not stop it."""
+    run: each run's tail change is +1 pp, drift_check's interval [1, 1] pp lies beyond ±0.5 pp, so with seeds
+    300-309 paired C2T stops and reads "not converged" at 10 seeds; at 9 it is pending. The stop is final: the
+    shared Equal Weight cell's seeds 310-319 (run for the other claims), or a Serving Rate run of those seeds made by
+    mistake, do not enter it. A claim whose first 10 seeds drift 0.4 pp (within the bound) goes on, and is not
+    stopped later however its seeds 310-319 drift."""
     plan = list(fedcis.PLAN_V6["C2T"])
-    assert fedcis.FUTILITY_AFTER_V6 == 10
+    assert fedcis.FUTILITY_AFTER_V6 == 10 and len(plan) == 20
 
-    def records(n: int, late: float) -> list[dict]:
-        out = []
-        for seed in plan[:n]:
-            out += [_v6_record("20-35-45, heads aggregated, 100 rounds", "Serving Rate", seed, 0.79),
-                    _v6_record(fedcis.EVERY_COLUMN_V6, "Equal Weight", seed, dict.fromkeys(V6_COLUMNS, 0.80),
-                               late)]
-        return out
+    def sr(seeds, value=0.79):
+        return [_v6_record("20-35-45, heads aggregated, 100 rounds", "Serving Rate", s, value) for s in seeds]
 
-    stopped = fedcis._v6_claims(records(10, 0.01))["C2T"]
+    def ew(seeds, late):
+        return [_v6_record(fedcis.EVERY_COLUMN_V6, "Equal Weight", s, dict.fromkeys(V6_COLUMNS, 0.80), late)
+                for s in seeds]
+
+    stopped = fedcis._v6_claims(sr(plan[:10]) + ew(plan[:10], 0.01))["C2T"]
     assert stopped["stopped"] and stopped["decision"].label == "not converged" and stopped["decision"].n == 10
-    assert fedcis._v6_claims(records(9, 0.01))["C2T"]["decision"].text() == "pending (9/20 seeds)"
-    running = fedcis._v6_claims(records(10, 0.004))["C2T"]
-    assert not running["stopped"] and running["decision"].text() == "pending (10/20 seeds)"
+    assert fedcis._v6_claims(sr(plan[:9]) + ew(plan[:9], 0.01))["C2T"]["decision"].text() == "pending (9/20 seeds)"
+    later = fedcis._v6_claims(sr(plan[:10]) + ew(plan, 0.01) + sr(plan[10:13], 0.70))["C2T"]
+    assert later["stopped"] and later["decision"].n == 10 and len(later["cell"]) == 20
+    assert later["diffs"] == pytest.approx([-0.01] * 10)  # seeds 310-312's Serving Rate runs are not pooled
+    going = fedcis._v6_claims(sr(plan[:10]) + ew(plan[:10], 0.004))["C2T"]
+    assert not going["stopped"] and going["decision"].text() == "pending (10/20 seeds)"
+    drifting_late = sr(plan) + ew(plan[:10], 0.004) + ew(plan[10:], 0.02)
+    late = fedcis._v6_claims(drifting_late)["C2T"]
+    assert not late["stopped"] and late["decision"].n == 20 and late["decision"].label == "not converged"
