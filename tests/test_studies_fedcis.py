@@ -670,3 +670,21 @@ def test_v6_futility_stop_is_judged_once_on_the_first_10_seeds_and_keeps_them():
     drifting_late = sr(plan) + ew(plan[:10], 0.004) + ew(plan[10:], 0.02)
     late = fedcis._v6_claims(drifting_late)["C2T"]
     assert not late["stopped"] and late["decision"].n == 20 and late["decision"].label == "not converged"
+
+
+def test_the_whole_page_takes_v6s_equal_weight_record_without_a_plain_cis_acc(tmp_path):
+    """A v6 seed as it lands (the Equal Weight cell's record logs cis_acc_<column> only, and C5T's Serving Rate
+    record): the page is written, C5T counts 1 of 20 seeds, and the Equal Weight rows read that one run per column."""
+    meta = {"commit": "abc", "dirty": False, "engine": "sequential", "device": "cpu", "torch": "2", "wall_s": 1.0,
+            "cpu_s": 1.0}
+    recs = [{**meta, **_v6_record(fedcis.EVERY_COLUMN_V6, "Equal Weight", 300, dict.fromkeys(V6_COLUMNS, 0.70))},
+            {**meta, **_v6_record("80-15-5, heads aggregated, 100 rounds", "Serving Rate", 300, 0.75)}]
+    assert "cis_acc" not in recs[0]["metrics"]
+    summaries = fedcis.write_report(recs, tmp_path)
+    page = (tmp_path / "fedcis.md").read_text().splitlines()
+    assert any(line.startswith("| C5T | 80-15-5 | heads aggregated | 1/20 | 5.0 pp") for line in page)
+    ew = [line for line in page if line.startswith("| 60-30-10 | heads aggregated | Equal Weight |")]
+    assert ew[0].startswith("| 60-30-10 | heads aggregated | Equal Weight | 0/20")  # no Serving Rate run: no pair
+    verdict = {s.claim: s.verdict for s in summaries}
+    assert verdict["v6, Table 5.1, 80-15-5: Serving Rate beats Equal Weight on CIS accuracy (C5T, heads aggregated, "
+                   "100 rounds)"] == "pending (1/20 seeds)"
