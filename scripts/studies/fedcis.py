@@ -618,7 +618,12 @@ def _futile(drifts: dict[str, Drift | None], n: int, planned: int, after: int | 
     drift (``drifts``, :func:`_drift`) is resolved beyond ±:data:`CONVERGED_BELOW`."""
     if after is None or not after <= n < planned:
         return False
-    return any(d is not None and d.blocks_verdict for d in drifts.values())
+    return _drift_resolved(drifts.values())
+
+
+def _drift_resolved(drifts) -> bool:
+    """Whether any of ``drifts`` (:func:`_drift`, ``None`` for too few runs) is resolved beyond the bound."""
+    return any(d is not None and d.blocks_verdict for d in drifts)
 
 
 def _stopped_at_first(cell: list[dict], plan: range, paired: list[int], after: int) -> bool:
@@ -628,7 +633,7 @@ def _stopped_at_first(cell: list[dict], plan: range, paired: list[int], after: i
     if not first <= set(paired):
         return False
     head = [r for r in cell if r["seed"] in first]
-    return any(d is not None and d.blocks_verdict for d in (_drift(head, m) for m in STRATEGIES))
+    return _drift_resolved(_drift(head, m) for m in STRATEGIES)
 
 
 def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of,
@@ -678,6 +683,8 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
 CLAIM_HEADER = ("claim", "serving", "setting", "seeds", "ours (raw 95 % CI)", "Holm interval (decides)",
                 "thesis CIFAR10", "thesis CIFAR100", "tail change SR / EW (pp)")
 DRIFT_HEADER = "per-run drift SR / EW (pp, information)"
+#: the power table's columns (:func:`_claim_tables`' power rows)
+POWER_TABLE_HEADER = ("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %")
 
 
 def _accuracy_table(rows: list[tuple]) -> list[str]:
@@ -722,9 +729,10 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
     return rows, claim_rows, power_rows, summaries
 
 
-def _plot_curves(ax, claims: dict[str, dict], colour_by_claim: bool = False) -> None:
-    """Each claim's seed-mean CIS accuracy per strategy against rounds (what the convergence check reads); with
-    ``colour_by_claim`` a claim's two strategies share a colour (solid: Serving Rate, dashed: Equal Weight)."""
+def _plot_curves(ax, claims: dict[str, dict], title: str, colour_by_claim: bool = False) -> None:
+    """Each claim's seed-mean CIS accuracy per strategy against rounds (what the convergence check reads), titled
+    ``title``; with ``colour_by_claim`` a claim's two strategies share a colour (solid: Serving Rate, dashed: Equal
+    Weight)."""
     for i, (cid, c) in enumerate(claims.items()):
         colour = {"color": f"C{i}"} if colour_by_claim else {}
         for j, method in enumerate(STRATEGIES):
@@ -732,6 +740,14 @@ def _plot_curves(ax, claims: dict[str, dict], colour_by_claim: bool = False) -> 
             if xs:
                 ax.plot(xs, [100 * y for y in ys], ("-", "--")[j], **colour,
                         label=f"{cid} {method} (n={len(c['cell']) // 2})")
+    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title=title)
+    if ax.lines:
+        ax.legend(fontsize=6)
+
+
+def _thesis_signs() -> dict[str, list[str]]:
+    """The sign of Table 5.1's Serving Rate − Equal Weight per column of :data:`COLUMNS`, per dataset row."""
+    return {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
 
 
 def _ablation_rows(gains_agg: dict[str, dict[int, float]], gains_not: dict[str, dict[int, float]]) -> list[tuple]:
@@ -781,7 +797,7 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
     released = {c["column"]: c for c in claims.values() if c["heads"] == "heads not aggregated"}
     ours_new = [_sign(*released[col]["holm"][1:]) if released[col]["decision"].final else "?" for col in COLUMNS]
     ours_v2 = [_sign(*v2_holm[col][1:]) if checks[col][0] != "fails" else "?" for col in COLUMNS]
-    rows_sign = {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
+    rows_sign = _thesis_signs()
 
     def agree(ours: list[str], row: str) -> str:
         return f"{sum(o == t for o, t in zip(ours, rows_sign[row]))} of {len(COLUMNS)}"
@@ -836,7 +852,7 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
         markdown_table(("", *COLUMNS, "agrees with CIFAR10", "agrees with CIFAR100"), srow),
         "\nPower (protocol v3: planned seeds from v2's paired SDs; here recomputed from each claim's own v3 "
         "records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
-        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+        markdown_table(POWER_TABLE_HEADER,
                        power_rows),
         "\n![v3: paired difference per serving column, with and without aggregating the heads]"
         "(fedcis/columns-v3.png)\n",
@@ -894,16 +910,13 @@ def _v4_section(claims: dict[str, dict], before: dict[str, dict], ax) -> tuple[l
     rows, crow, power_rows, summaries = _claim_tables(
         claims, PLAN_V4, "v4", drift=True, title_suffix=f", {ROUNDS_V4} rounds",
         earlier=lambda cid, c: before[cid.removesuffix("L")]["decision"].text())
-    _plot_curves(ax, claims)
+    _plot_curves(ax, claims, f"protocol v4: {ROUNDS_V4} rounds")
 
     # ablation at 40 rounds: (SR - EW) heads aggregated minus (SR - EW) heads not aggregated, per v4 column
     gains = {heads: {} for heads in HEADS}
     for c in claims.values():
         gains[c["heads"]][c["column"]] = {k: c["sr"][k] - c["ew"][k] for k in set(c["sr"]) & set(c["ew"])}
     arow = _ablation_rows(gains["heads aggregated"], gains["heads not aggregated"])
-    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title=f"protocol v4: {ROUNDS_V4} rounds")
-    if ax.lines:
-        ax.legend(fontsize=6)
     lines = [
         "## Results, protocol v4\n",
         f"v3's registered fallback for a failed convergence check: in the columns where a v3 cell failed it at its "
@@ -927,7 +940,7 @@ def _v4_section(claims: dict[str, dict], before: dict[str, dict], ax) -> tuple[l
                         "difference (raw 95 % CI)", f"difference (Holm over {len(COLUMNS_V4)})",
                         "Holm interval says"), arow),
         "\nPower (v4's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
-        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+        markdown_table(POWER_TABLE_HEADER,
                        power_rows),
         "\n![v4: seed-mean CIS accuracy against rounds, per claim and strategy](fedcis/curves-v4.png)\n",
     ]
@@ -972,10 +985,7 @@ def _v5_section(claims: dict[str, dict], before: dict[str, dict], v2: list[dict]
                 f"v2 records before v5: {_v2_label_before_v5(v2, c['column'])}, convergence not shown")
 
     rows, crow, power_rows, summaries = _claim_tables(claims, PLAN_V5, "v5", drift=True, earlier=earlier)
-    _plot_curves(ax, claims, colour_by_claim=True)
-    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title="protocol v5: 20 rounds")
-    if ax.lines:
-        ax.legend(fontsize=6)
+    _plot_curves(ax, claims, "protocol v5: 20 rounds", colour_by_claim=True)
     lines = [
         "## Results, protocol v5\n",
         "Confirmations in v3's setting (20 rounds, evaluations every 2 rounds) on fresh seeds: **R1c**, the thesis's "
@@ -993,7 +1003,7 @@ def _v5_section(claims: dict[str, dict], before: dict[str, dict], v2: list[dict]
         *_r1_against_r1c(before["R1"], claims["R1c"]),
         *_accuracy_table(rows),
         "\nPower (v5's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
-        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+        markdown_table(POWER_TABLE_HEADER,
                        power_rows),
         "\n![v5: seed-mean CIS accuracy against rounds, per claim and strategy](fedcis/curves-v5.png)\n",
     ]
@@ -1012,15 +1022,11 @@ def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax
 
     rows, crow, power_rows, summaries = _claim_tables(claims, PLAN_V6, "v6", drift=True, earlier=before,
                                                       title_suffix=f", {ROUNDS_V6} rounds")
-    _plot_curves(ax, claims, colour_by_claim=True)
-    ax.set(xlabel="round", ylabel="CIS accuracy % (seed mean)", title=f"protocol v6: {ROUNDS_V6} rounds")
-    if ax.lines:
-        ax.legend(fontsize=6)
+    _plot_curves(ax, claims, f"protocol v6: {ROUNDS_V6} rounds", colour_by_claim=True)
     by_column = {c["column"]: c for c in claims.values()}
     ours = [_sign(*by_column[col]["holm"][1:]) if col in by_column and by_column[col]["decision"].final
             else "–" if col not in by_column else "?" for col in COLUMNS]
-    thesis = {d: ["+" if paper_gain(col, d) > 0 else "−" for col in COLUMNS] for d in ("CIFAR10", "CIFAR100")}
-    srow = [(f"thesis {d}", *thesis[d]) for d in thesis] + [
+    srow = [(f"thesis {d}", *signs) for d, signs in _thesis_signs().items()] + [
         (f"ours, heads aggregated, {ROUNDS_V6} rounds (final labels only)", *ours)]
     lines = [
         "## Results, protocol v6\n",
@@ -1048,7 +1054,7 @@ def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax
         markdown_table(("", *COLUMNS), srow),
         *_accuracy_table(rows),
         "\nPower (v6's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
-        markdown_table(("claim", "serving", "setting", "planned seeds", "paired SD so far (pp)", "seeds for 80 %"),
+        markdown_table(POWER_TABLE_HEADER,
                        power_rows),
         "\n![v6: seed-mean CIS accuracy against rounds, per claim and strategy](fedcis/curves-v6.png)\n",
     ]
