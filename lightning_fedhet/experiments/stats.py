@@ -56,6 +56,20 @@ def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int 
     return m if math.isnan(lo) else f"{m} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
 
 
+def fmt_vs_bound(value: float, bound: float, scale: float = 100.0, digits: int = 2, unit: str = "") -> str:
+    """``value * scale`` signed (``"+0.48"``), with more decimals than ``digits`` where ``digits`` would print the
+    magnitude of ``bound`` itself although ``value`` differs from it: a number read against a check's bound (a
+    tail change "below 0.5 pp") must show which side of the bound it lies on (``+0.497`` passes, ``+0.503``
+    fails; both read ``+0.50`` at two decimals). At most 6 decimals; ``"–"`` for NaN."""
+    if math.isnan(value):
+        return "–"
+    target = abs(scale * bound)
+    d = digits
+    while d < 6 and abs(value) != abs(bound) and f"{abs(scale * value):.{d}f}" == f"{target:.{d}f}":
+        d += 1
+    return f"{scale * value:+.{d}f}{unit}"
+
+
 def fmt_mean_ci(values: Sequence[float], scale: float = 100.0, digits: int = 1, unit: str = "",
                 level: float = 0.95) -> str:
     """:func:`fmt_ci` of :func:`mean_ci` over ``values``: a cell's ``"72.9 [70.1, 75.6]"`` in one call."""

@@ -51,6 +51,7 @@ from lightning_fedhet.experiments import (
     figure_title,
     fmt_ci,
     fmt_mean_ci,
+    fmt_vs_bound,
     grid_place,
     markdown_table,
     new_figure,
@@ -962,8 +963,9 @@ def v3_section(records: list[dict], out: Path, name: str, protocol: str = "v3") 
         place = "; ".join(lr_places(m)) + ("" if PILOT_V3[m]["source"] == "v3" else " (v2's pilot, momentum reset)")
         change, drift = convergence_v3(recs, m, protocol), drift_v5(recs, m, protocol)
         row = [m, f"{local:g} / {server:g}", place, fmt_mean_ci(list(finals[m].values())) if finals[m] else "–",
-               "–" if math.isnan(change) else f"{100 * change:+.2f} pp",
-               "–" if drift.n < 2 else f"[{100 * drift.lo:+.2f}, {100 * drift.hi:+.2f}] pp"]
+               fmt_vs_bound(change, CONVERGENCE_BOUND_V3, unit=" pp"),
+               "–" if drift.n < 2 else (f"[{fmt_vs_bound(drift.lo, CONVERGENCE_BOUND_V3)}, "
+                                     f"{fmt_vs_bound(drift.hi, CONVERGENCE_BOUND_V3)}] pp")]
         if plan.check == "point":
             row.append("–" if math.isnan(change) else ("yes" if converged_v3(recs, m, protocol) else "**no**"))
         if plan.check == "interval" or protocol in RELABELLED_BY:

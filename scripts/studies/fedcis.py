@@ -56,6 +56,7 @@ from lightning_fedhet.experiments import (
     family_intervals,
     fmt_ci,
     fmt_mean_ci,
+    fmt_vs_bound,
     markdown_table,
     mean_ci,
     new_figure,
@@ -711,7 +712,7 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
             rows.append((c["column"], c["heads"], method, seeds_done(len(rs), planned),
                          *[fmt_mean_ci([last(r, key) for r in rs]) for key in KEYS]))
         dec = c["decision"]
-        tails = " / ".join("–" if math.isnan(t) else f"{100 * t:+.2f}" for t in c["tails"].values())
+        tails = " / ".join(fmt_vs_bound(t, CONVERGED_BELOW) for t in c["tails"].values())
         check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
                                         "passes" if c["converged"] else "**fails**")
         claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", pp(*c["raw"]), pp(*c["holm"]),
@@ -863,12 +864,16 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
 def _drift_text(d: Drift | None) -> str:
     """A per-run drift (:func:`_drift`) as the page shows it, mean and 95 % interval in pp (information: v4, as v3,
     decides on the seed-mean curve)."""
-    return "–" if d is None else f"{100 * d.mean:+.2f} [{100 * d.lo:+.2f}, {100 * d.hi:+.2f}]"
+    if d is None:
+        return "–"
+    return (f"{100 * d.mean:+.2f} [{fmt_vs_bound(d.lo, CONVERGED_BELOW)}, "
+            f"{fmt_vs_bound(d.hi, CONVERGED_BELOW)}]")
 
 
 def _moving(claim: dict) -> str:
     """The strategies whose seed-mean curve fails the convergence check in ``claim``, with their tail change."""
-    return ", ".join(f"{m} {100 * t:+.2f} pp" for m, t in claim["tails"].items() if abs(t) >= CONVERGED_BELOW)
+    return ", ".join(f"{m} {fmt_vs_bound(t, CONVERGED_BELOW)} pp" for m, t in claim["tails"].items()
+                     if abs(t) >= CONVERGED_BELOW)
 
 
 def _unsettled(claims: dict[str, dict]) -> dict[str, dict]:

@@ -35,6 +35,7 @@ from lightning_fedhet.experiments import (
     family_intervals,
     fmt_ci,
     fmt_mean_ci,
+    fmt_vs_bound,
     grid_place,
     markdown_table,
     mean_ci,
@@ -380,7 +381,8 @@ def _v3_section(recs: list[dict], summaries: list) -> list[str]:
     acc = {b: by_seed(recs, final_acc, setting=V3_SETTING, method=method_name(b)) for b in BETAS}
     checks = {b: _v3_checks(recs, b) for b in BETAS if acc[b]}
     rows = [(_label(b), f"{V3_LR:g} ({place})", fmt_mean_ci(list(acc[b].values())),
-             f"{100 * checks[b][0]:+.2f} pp", "yes" if checks[b][1] else "**no**", seeds_done(len(acc[b]), planned))
+             fmt_vs_bound(checks[b][0], CONVERGENCE_BOUND, unit=" pp"),
+             "yes" if checks[b][1] else "**no**", seeds_done(len(acc[b]), planned))
             for b in BETAS if acc[b]]
     lines = [f"### {V3_SETTING}\n", describe(V3_CELLS[0].config) + ".\n",
              markdown_table(("method", "client lr (place in the grid)", "test accuracy % (mean [95 % CI])",
@@ -423,7 +425,8 @@ def _v4_section(recs: list[dict], summaries: list) -> list[str]:
     acc = {x: by_seed(recs, final_acc, setting=V3_SETTING, method=method_name(x)) for x in (b, base)}
     checks = {x: _v3_checks(recs, x) for x in (b, base) if acc[x]}
     rows = [(_label(x), f"{V3_LR:g} ({place})", fmt_mean_ci(list(acc[x].values())),
-             f"{100 * checks[x][0]:+.2f} pp", "yes" if checks[x][1] else "**no**", seeds_done(len(acc[x]), planned))
+             fmt_vs_bound(checks[x][0], CONVERGENCE_BOUND, unit=" pp"),
+             "yes" if checks[x][1] else "**no**", seeds_done(len(acc[x]), planned))
             for x in (b, base) if acc[x]]
     conv = all(checks.get(x, (0.0, True))[1] for x in (b, base))
     d = decide_paired(acc[b], acc[base], gain / 100, planned, converged=conv, lr_interior=place == "interior")

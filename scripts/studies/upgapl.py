@@ -42,6 +42,7 @@ from lightning_fedhet.experiments import (
     figure_title,
     fmt_ci,
     fmt_mean_ci,
+    fmt_vs_bound,
     grid_place,
     markdown_table,
     mean_ci,
@@ -422,7 +423,7 @@ def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str]
             ("U3: oscillation, UDMA-PL − UPGA-PL", _fmt_pp(r["U3 (oscillation)"].raw.mean,
                                                          r["U3 (oscillation)"].raw.lo, r["U3 (oscillation)"].raw.hi),
              registered.get("U3", ""), *_v3.cells(r["U3 (oscillation)"], _fmt_pp))]
-    crows = [(m, f"{recs_lr(recs, m):g}", checks[m][2], f"{100 * checks[m][0]:+.2f} pp",
+    crows = [(m, f"{recs_lr(recs, m):g}", checks[m][2], fmt_vs_bound(checks[m][0], CONVERGENCE_BOUNDS[m], unit=" pp"),
               ("yes" if checks[m][1] else "**no**") + f" (< {100 * CONVERGENCE_BOUNDS[m]:g} pp)") for m in methods]
     lines = [_v3.note(2, "U1 and U3's oscillation difference; U2 is an equivalence claim, labelled by "
                          "`decide_within` on its raw interval: inside ±1 pp reproduced, wholly outside not reproduced, "
@@ -465,7 +466,7 @@ def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list
     osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
     checks = {m: _cell_checks(recs, m) for m in methods}
     rows = [(m, f"{picks[m]:g}", checks[m][2], fmt_mean_ci(list(finals[m].values())),
-             fmt_mean_ci(list(osc[m].values())), f"{100 * checks[m][0]:+.2f} pp",
+             fmt_mean_ci(list(osc[m].values())), fmt_vs_bound(checks[m][0], CONVERGENCE_BOUNDS[m], unit=" pp"),
              ("yes" if checks[m][1] else "**no**") + f" (< {100 * CONVERGENCE_BOUNDS[m]:g} pp)",
              seeds_done(len(finals[m]), planned)) for m in methods]
     lines = [f"#### Setting `{setting}`: {SETTING_TEXT[setting]}\n",

@@ -385,6 +385,21 @@ def test_tail_change_edges_are_those_of_the_float_tail():
     assert tail_change(np.arange(1, 11, dtype=np.float32), values, tail=0.8) == pytest.approx(-0.2)
 
 
+def test_a_change_equal_to_the_bound_in_exact_arithmetic_equals_the_bound():
+    """Three seeds on 2,000 test images, evaluated at rounds 18 and 20 (tail 0.2: windows (16, 18] and (18, 20]).
+    One seed gains 30 images, so the seed-mean moves by 30 / 2000 / 3 = 1/200 = 0.5 pp exactly; averaged in
+    floats the difference is 0.004999999999999893, below a 0.5 pp bound by noise. The change compares equal to
+    the bound's literal, so a rule "0.5 pp or more fails" and one "at most 0.5 pp passes" both see the tie."""
+    runs = [[1380 / 2000, 1410 / 2000], [1380 / 2000, 1380 / 2000], [1400 / 2000, 1400 / 2000]]
+    curve = np.mean(runs, axis=0)
+    assert float(curve[1] - curve[0]) < 0.005  # the noise this guards against
+    change = tail_change([18, 20], curve)
+    assert change == 0.005 and abs(change) >= 0.005 and abs(change) <= 0.005
+    assert tail_change([18, 20], 1 - curve) == -0.005
+    # what rounding keeps: a change 1e-10 off the bound is not a tie
+    assert tail_change([18, 20], [0.5, 0.5 + 0.005 - 1e-10]) < 0.005
+
+
 def test_a_power_exactly_at_the_target_is_enough():
     """"With probability at least ``target``": a target equal to the power of 10 seeds is met by 10 seeds, whether
     10 is found by the search or is the reach itself."""

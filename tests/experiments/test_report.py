@@ -17,6 +17,7 @@ from lightning_fedhet.experiments import (
     Report,
     check,
     fmt_ci,
+    fmt_vs_bound,
     generate,
     load_records,
     mean_ci,
@@ -68,6 +69,24 @@ def test_statistics_by_hand():
     assert verdict_for_gain(-0.03, -0.01, 0.01) == "not reproduced"
     # n = 2: t = 12.7, 12.7 * 1 / 1.41 = 9.0 > 1; n = 7: 2.447 / 2.646 = 0.925 < 1; n = 6: 2.571 / 2.449 > 1
     assert seeds_needed(1.0, 1.0) == 7
+
+
+@pytest.mark.parametrize(("value", "bound", "text"), [
+    (0.0048, 0.005, "+0.48"),      # two decimals already say which side of 0.50 it lies on
+    (0.00497, 0.005, "+0.497"),    # "+0.50" would read as the bound itself: one more decimal
+    (0.00503, 0.005, "+0.503"),
+    (-0.00497, 0.005, "-0.497"),   # the bound is two-sided: |value| against |bound|
+    (0.0049996, 0.005, "+0.49996"),  # as many decimals as it takes ...
+    (0.004999999999, 0.005, "+0.500000"),  # ... up to 6
+    (0.005, 0.005, "+0.50"),       # exactly the bound: nothing to disambiguate
+    (0.0099, 0.01, "+0.99"),
+    (0.00996, 0.01, "+0.996"),     # FedStale's bound, 1 pp
+    (math.nan, 0.005, "–"),
+])
+def test_fmt_vs_bound_shows_which_side_of_the_bound_a_value_lies(value, bound, text):
+    assert fmt_vs_bound(value, bound) == text
+    if text != "–":
+        assert fmt_vs_bound(value, bound, unit=" pp") == text + " pp"
 
 
 def test_report_and_check_agree_byte_for_byte_and_find_a_change(reference_copy):
