@@ -356,6 +356,8 @@ def drift_check(rounds: Sequence[float], runs: Sequence[Sequence[float]], bound:
 
     A check on the seed-mean curve alone (``abs(tail_change(...)) <= bound``) reads noise as drift once the runs
     fluctuate by more than the bound: its own sampling error is ``t * SD / sqrt(n)`` of the per-run tail changes.
+    ``mean`` equals that curve's :func:`tail_change` (a mean of differences is the difference of means), rounded
+    as it is.
     """
     if not bound > 0:
         raise ValueError(f"bound must be > 0, got {bound}")
@@ -363,9 +365,10 @@ def drift_check(rounds: Sequence[float], runs: Sequence[Sequence[float]], bound:
     if changes.size and np.isnan(changes).any():
         raise ValueError("every run needs evaluations in both tail windows (a tail_change was NaN)")
     if changes.size < 2:
-        mean = float(changes.mean()) if changes.size else math.nan
+        mean = round(float(changes.mean()), TIE_DECIMALS) if changes.size else math.nan
         return Drift(mean, math.nan, math.nan, int(changes.size), bound, "drift not resolved")
     mean, lo, hi = _t_interval(changes, level)
+    mean = round(mean, TIE_DECIMALS)  # the seed-mean curve's tail_change, tie and all
     state = ("not converged" if lo > bound or hi < -bound else
              "converged" if -bound <= lo and hi <= bound else "drift not resolved")
     return Drift(mean, lo, hi, int(changes.size), bound, state)

@@ -866,7 +866,7 @@ def _drift_text(d: Drift | None) -> str:
     decides on the seed-mean curve)."""
     if d is None:
         return "–"
-    return (f"{100 * d.mean:+.2f} [{fmt_vs_bound(d.lo, CONVERGED_BELOW)}, "
+    return (f"{fmt_vs_bound(d.mean, CONVERGED_BELOW)} [{fmt_vs_bound(d.lo, CONVERGED_BELOW)}, "
             f"{fmt_vs_bound(d.hi, CONVERGED_BELOW)}]")
 
 

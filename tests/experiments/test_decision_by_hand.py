@@ -29,6 +29,7 @@ from lightning_fedhet.experiments.decision import (
     decide,
     decide_paired,
     decide_within,
+    drift_check,
     family_intervals,
     grid_place,
     power,
@@ -396,6 +397,11 @@ def test_a_change_equal_to_the_bound_in_exact_arithmetic_equals_the_bound():
     change = tail_change([18, 20], curve)
     assert change == 0.005 and abs(change) >= 0.005 and abs(change) <= 0.005
     assert tail_change([18, 20], 1 - curve) == -0.005
+    # drift_check's mean is the same number (a mean of differences is the difference of means), tie kept: runs
+    # moving by +4, -9 and +35 images (30 in all) have per-run changes whose float mean is 0.005000000000000001
+    runs = [[1380 / 2000, 1384 / 2000], [1390 / 2000, 1381 / 2000], [1400 / 2000, 1435 / 2000]]
+    assert float(np.mean([r[1] - r[0] for r in runs])) != 0.005  # the noise this guards against
+    assert drift_check([18, 20], runs, 0.005).mean == 0.005 == tail_change([18, 20], np.mean(runs, axis=0))
     # what rounding keeps: a change 1e-10 off the bound is not a tie
     assert tail_change([18, 20], [0.5, 0.5 + 0.005 - 1e-10]) < 0.005
 
