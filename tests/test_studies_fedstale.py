@@ -174,7 +174,7 @@ def test_v4_decides_c2_on_its_raw_interval_with_v3s_checks(tmp_path):
     assert label(records()) == "not reproduced"
     row = next(line for line in (tmp_path / "fedstale.md").read_text().splitlines() if line.startswith("| C2 | b")
                and "74/74" in line)
-    assert "0.1 pp [-0.0, 0.2]" in row and "| 0.50 |" in row
+    assert "0.10 pp [-0.02, 0.22]" in row and "| 0.50 |" in row  # "-0.0" would hide the sign: two decimals
     assert row.endswith("| **not reproduced** | pending |")  # v3's label beside: no v3 record here
     # a run outside the plan (seed 300, a far-off gain) is not pooled in
     stray = [{**_v3_record(0.8, 300, 0.90), "protocol": "v4"}, {**_v3_record(1.0, 300, 0.70), "protocol": "v4"}]

@@ -45,8 +45,10 @@ def test_a_label_the_holm_interval_would_change_is_shown_beside_the_raw_one():
     assert out["A"].adjusted.hi == pytest.approx(2.6 + H975, abs=1e-5)
     assert (out["C"].adjusted.lo, out["C"].adjusted.hi) == pytest.approx((-H975, H975), abs=1e-5)
     assert out["C"].raw.label == "inconclusive"  # direction only: an interval holding 0
-    holm, v3, on_holm = _v3.cells(out["A"], lambda m, lo, hi: f"{m:.1f} [{lo:.1f}, {hi:.1f}]")
-    assert (holm, v3, on_holm) == ("2.6 [-1.0, 6.2]", "**reproduced**", "not reproduced")
+    # the Holm interval is formatted against the paper's effect (fmt_ci adds decimals where an end would print it)
+    holm, v3, on_holm = _v3.cells(out["A"], lambda m, lo, hi, against: f"{m:.1f} [{lo:.1f}, {hi:.1f}] vs {against}")
+    assert (holm, v3, on_holm) == ("2.6 [-1.0, 6.2] vs (10.0,)", "**reproduced**", "not reproduced")
+    assert _v3.refs(out["C"].raw) == ()  # a direction-only claim is read against 0 alone
 
 
 def test_the_index_text_marks_the_label_and_is_a_valid_summary_verdict():
@@ -62,7 +64,7 @@ def test_a_stopped_protocols_pending_claim_says_why_and_a_final_one_is_untouched
     a claim already decided keeps its label."""
     pending = dataclasses.replace(_v3.relabel({"P": (*diffs(3, 4, 5), 1.0)}, planned=20)["P"], stopped="stopped: why")
     assert pending.index_text() == "pending (3/20 seeds; stopped: why) (v2 records, v3 rule)"
-    assert _v3.cells(pending, lambda m, lo, hi: f"{m:.0f}")[1:] == ("**pending (3/20 seeds; stopped: why)**",
+    assert _v3.cells(pending, lambda m, lo, hi, **kw: f"{m:.0f}")[1:] == ("**pending (3/20 seeds; stopped: why)**",
                                                                    "pending (3/20 seeds; stopped: why)")
     Summary("claim", "+1", "ours", pending.index_text())
     final = dataclasses.replace(_v3.relabel({"A": (*diffs(3, 4, 5), 1.0)}, planned=3)["A"], stopped="stopped: why")

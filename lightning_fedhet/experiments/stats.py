@@ -48,12 +48,23 @@ def paired(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95) 
     return mean, lo, hi, len(seeds)
 
 
-def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1, unit: str = "") -> str:
-    """``"72.9 [70.1, 75.6]"`` (``scale`` 100 turns fractions into percent or percentage points)."""
+def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1, unit: str = "",
+           against: Sequence[float] = ()) -> str:
+    """``"72.9 [70.1, 75.6]"`` (``scale`` 100 turns fractions into percent or percentage points).
+
+    An interval is read against 0 (does it exclude it?) and against each value in ``against`` (a paper's effect,
+    in the units of ``mean``): where ``digits`` would print an end equal to one of them although it differs (lo =
+    -0.0004 printed ``-0.0``, hi = 0.497 printed ``0.5`` against an effect of 0.5), all three numbers get one
+    more decimal, up to 6, until each end shows its side."""
     if math.isnan(mean):
         return "–"
-    m = f"{scale * mean:.{digits}f}{unit}"
-    return m if math.isnan(lo) else f"{m} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
+    d = digits
+    if not math.isnan(lo):
+        refs = [0.0, *against]
+        while d < 6 and any(e != x and round(scale * e, d) == round(scale * x, d) for e in (lo, hi) for x in refs):
+            d += 1
+    m = f"{scale * mean:.{d}f}{unit}"
+    return m if math.isnan(lo) else f"{m} [{scale * lo:.{d}f}, {scale * hi:.{d}f}]"
 
 
 def fmt_vs_bound(value: float, bound: float, scale: float = 100.0, digits: int = 2, unit: str = "") -> str:

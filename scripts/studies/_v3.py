@@ -94,11 +94,17 @@ def registered(text: str, raw: Decision) -> str:
     return f"not testable here (registered v2 rule, {detail}; the interval excludes {excludes}: see the v3 label)"
 
 
-def cells(r: Relabelled, fmt: Callable[[float, float, float], str]) -> tuple[str, str, str]:
-    """A page row's :data:`HEADER` cells: the Holm interval (``fmt(mean, lo, hi)``), the v3 label, the label on
-    the Holm interval."""
+def refs(d: Decision) -> tuple[float, ...]:
+    """What a claim's interval is read against besides 0: the paper's effect, where the claim has one (pass it as
+    :func:`~lightning_fedhet.experiments.fmt_ci`'s ``against``)."""
+    return () if d.gain is None else (d.gain,)
+
+
+def cells(r: Relabelled, fmt: Callable[..., str]) -> tuple[str, str, str]:
+    """A page row's :data:`HEADER` cells: the Holm interval (``fmt(mean, lo, hi, against=...)``, ``against`` the
+    paper's effect as :func:`refs` gives it), the v3 label, the label on the Holm interval."""
     adj = r.adjusted
-    holm = "–" if adj.n < 2 else fmt(adj.mean, adj.lo, adj.hi)
+    holm = "–" if adj.n < 2 else fmt(adj.mean, adj.lo, adj.hi, against=refs(adj))
     return holm, f"**{r.text()}**", r.text(adj)
 
 

@@ -613,7 +613,7 @@ def write_report(records: list[dict], out) -> list:
                         prow.append((*row[:-1], verdict, "–", "not a claim", "–"))
                         continue
                     r = v3[(setting, method)]  # v2 records, v3 rule: beside the registered verdict; the index
-                    holm = _v3.cells(r, lambda *ci: fmt_ci(*ci, scale=1.0, digits=2))
+                    holm = _v3.cells(r, lambda *ci, **kw: fmt_ci(*ci, scale=1.0, digits=2, **kw))
                     prow.append((*row[:-1], _v3.registered(verdict, r.raw), *holm))
                     table, paper_c, paper_m = PAPER[(setting, method)]
                     summaries.append(Summary(

@@ -473,7 +473,7 @@ def _results_section(protocol: str, spec: dict, recs: list[dict], out_dir: Path,
                                      f"{ours} ({len(gains)} seeds)", verdict))
             continue
         r = relabelled[cid]  # v2 records, v3 rule: beside the registered verdict; the index gives it
-        holm = _v3.cells(r, lambda *ci: fmt_ci(*ci, unit=" %"))
+        holm = _v3.cells(r, lambda *ci, **kw: fmt_ci(*ci, unit=" %", **kw))
         prow.append((*row, _v3.registered(verdict, r.raw), *holm))
         summaries.append(Summary(f"{cid} {where} [{protocol}: {narrowed_endpoint(recs)}]", f"+{100 * paper:.1f} %",
                                  f"{ours} ({len(gains)} seeds; Holm-adjusted {holm[0]})", r.index_text()))

@@ -504,8 +504,8 @@ def _v2_section(recs: list[dict], records: list[dict], ax, checks: dict[str, tup
                              converged={col: checks[col][0] != "fails" for col in pairs})
     for column, r in relabelled.items():
         d, gain = r.raw, pairs[column][2]
-        ours = fmt_ci(d.mean, d.lo, d.hi, unit=" pp")
-        holm, v3, on_holm = _v3.cells(r, lambda m, lo, hi: fmt_ci(m, lo, hi, unit=" pp"))
+        ours = fmt_ci(d.mean, d.lo, d.hi, unit=" pp", against=_v3.refs(d))
+        holm, v3, on_holm = _v3.cells(r, functools.partial(fmt_ci, unit=" pp"))
         prow.append((column, d.n, ours, f"{100 * gain:+.1f} pp", f"{100 * paper_gain(column, 'CIFAR100'):+.1f} pp",
                      _v3.registered(registered[column], d), checks[column][1], holm, v3, on_holm))
         state = checks[column][0]
@@ -715,7 +715,9 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
         tails = " / ".join(fmt_vs_bound(t, CONVERGED_BELOW) for t in c["tails"].values())
         check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
                                         "passes" if c["converged"] else "**fails**")
-        claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", pp(*c["raw"]), pp(*c["holm"]),
+        g = (paper_gain(c["column"]),)
+        claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", pp(*c["raw"], against=g),
+                           pp(*c["holm"], against=g),
                            f"{100 * paper_gain(c['column']):+.1f} pp",
                            f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp", f"{tails} ({check})",
                            *((" / ".join(_drift_text(d) for d in c["drifts"].values()),) if drift else ()),
@@ -726,7 +728,7 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
         summaries.append(Summary(
             f"{protocol}, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, "
             f"{c['heads']}{title_suffix})", f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
-            f"{pp(*c['raw'])} ({dec.n} seeds; Holm {pp(*c['holm'])})", dec.text()))
+            f"{pp(*c['raw'], against=g)} ({dec.n} seeds; Holm {pp(*c['holm'], against=g)})", dec.text()))
     return rows, claim_rows, power_rows, summaries
 
 

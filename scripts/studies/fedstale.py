@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -327,8 +328,8 @@ def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, rec
     return lines
 
 
-def _fmt_pp(mean: float, lo: float, hi: float) -> str:
-    return fmt_ci(mean, lo, hi, unit=" pp")
+def _fmt_pp(mean: float, lo: float, hi: float, against: Sequence[float] = ()) -> str:
+    return fmt_ci(mean, lo, hi, unit=" pp", against=against)
 
 
 def _v2_relabel(recs: list[dict], labels: dict | None = None) -> list[str]:
@@ -352,7 +353,7 @@ def _v2_relabel(recs: list[dict], labels: dict | None = None) -> list[str]:
         holm, raw_label, on_holm = _v3.cells(r, _fmt_pp)
         if labels is not None:
             labels[cid] = v3.text() + _v3.MARK
-        rows.append((cid, f"{_label(b)} - {_label(base)}", _fmt_pp(mean, lo, hi), registered, holm,
+        rows.append((cid, f"{_label(b)} - {_label(base)}", _fmt_pp(mean, lo, hi, _v3.refs(r.raw)), registered, holm,
                      f"**{v3.text()}** (change {drift} pp)", raw_label.strip("*"), on_holm))
     return [_v3.note(len(CLAIMS), "C1-C4"),
             "Protocol v3's convergence check (|change of the seed-mean accuracy over the last 20 % of rounds| < "

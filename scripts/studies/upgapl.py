@@ -23,6 +23,7 @@ configuration below is complete.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -391,8 +392,8 @@ def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
 
 
 # ------------------------------------------------------------------------------------------ the v3 decision rule
-def _fmt_pp(mean: float, lo: float, hi: float) -> str:
-    return fmt_ci(mean, lo, hi, unit=" pp")
+def _fmt_pp(mean: float, lo: float, hi: float, against: Sequence[float] = ()) -> str:
+    return fmt_ci(mean, lo, hi, unit=" pp", against=against)
 
 
 def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str], dict[str, str]]:

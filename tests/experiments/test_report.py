@@ -71,6 +71,21 @@ def test_statistics_by_hand():
     assert seeds_needed(1.0, 1.0) == 7
 
 
+@pytest.mark.parametrize(("ci", "against", "text"), [
+    ((0.005, 0.001, 0.009), (), "0.5 [0.1, 0.9]"),                 # nothing to disambiguate
+    ((0.005, -0.0004, 0.01), (), "0.50 [-0.04, 1.00]"),           # "-0.0" would hide the sign: 0 is always read
+    ((0.005, 0.0004, 0.01), (), "0.50 [0.04, 1.00]"),             # ... and "0.0" would look like a tie
+    ((0.005, 0.0, 0.01), (), "0.5 [0.0, 1.0]"),                   # an end exactly 0 is no ambiguity
+    ((-0.0096, -0.02722, 0.00802), (0.008,), "-0.960 [-2.722, 0.802]"),  # Fed-CIS v3 R5 against +0.8 pp
+    ((-0.0096, -0.02722, 0.00802), (), "-1.0 [-2.7, 0.8]"),       # without the effect, one decimal
+    ((0.0011, -0.0003, 0.0026), (0.0031,), "0.11 [-0.03, 0.26]"),   # 0.3 vs 0.3: two decimals tell
+    ((0.5, 0.4999999999, 0.6), (0.5,), "50.000000 [50.000000, 60.000000]"),  # 6 decimals at most, then stop
+])
+def test_fmt_ci_shows_which_side_of_0_and_the_effect_each_end_lies(ci, against, text):
+    assert fmt_ci(*ci, against=against) == text
+    assert fmt_ci(math.nan, 0.0, 0.0, against=against) == "–"
+
+
 @pytest.mark.parametrize(("value", "bound", "text"), [
     (0.0048, 0.005, "+0.48"),      # two decimals already say which side of 0.50 it lies on
     (0.00497, 0.005, "+0.497"),    # "+0.50" would read as the bound itself: one more decimal
