@@ -133,8 +133,10 @@ class Report:
         return float(self._value(record)) if self._value is not None else final_value(record, self.metric_name(
             [record]))
 
-    def fmt(self, mean: float, lo: float, hi: float) -> str:
-        return fmt_ci(mean, lo, hi, self.scale, self.digits, self.unit)
+    def fmt(self, mean: float, lo: float, hi: float, against: Sequence[float] = ()) -> str:
+        """``mean [lo, hi]`` in the page's units, each end shown on its side of 0 and of ``against`` (a claim's
+        paper effect, raw units): see :func:`~lightning_fedhet.experiments.fmt_ci`."""
+        return fmt_ci(mean, lo, hi, self.scale, self.digits, self.unit, against)
 
     def metric_label(self, records: Sequence[Record]) -> str:
         if self.label is not None:
@@ -254,7 +256,7 @@ class Report:
     def summaries(self, records: Sequence[Record]) -> list[Summary]:
         """The index rows: one per claim, on the current protocol's records."""
         current = [r for r in records if r["protocol"] == self.protocol] if self.protocol else list(records)
-        return [Summary(claim.text, claim.paper, f"{self.fmt(m, lo, hi)} ({n} seeds)", d.text())
+        return [Summary(claim.text, claim.paper, f"{self.fmt(m, lo, hi, _effect(d))} ({n} seeds)", d.text())
                 for claim, (m, lo, hi, n), d in self.claim_rows(current)]
 
     # ---------------------------------------------------------------------------------------------------- page
@@ -286,7 +288,8 @@ class Report:
                 blocks += [f"## Curves (protocol {protocol})\n",
                            f"![{metric} over rounds, mean and {self.level:.0%} band over seeds]({figure})\n"]
         if self.claims:
-            rows = [(c.text, c.paper or "–", f"{self.fmt(m, lo, hi)} ({n} seeds)", self.fmt(d.mean, d.lo, d.hi),
+            rows = [(c.text, c.paper or "–", f"{self.fmt(m, lo, hi, _effect(d))} ({n} seeds)",
+                     self.fmt(d.mean, d.lo, d.hi, _effect(d)),
                      f"**{d.text()}**")
                     for c, (m, lo, hi, n), d in self.claim_rows(
                         [r for r in records if r["protocol"] == self.protocol] or records)]
@@ -411,3 +414,8 @@ def check(studies: Study | Sequence[Study], root: str | Path | None = None, inde
             if _owned(rel, studies, index is not None):
                 problems.append(f"{rel}: not generated from any record (stale or written by hand)")
     return problems
+
+
+def _effect(decision: Decision) -> tuple[float, ...]:
+    """What a claim's interval is read against besides 0: the paper's effect, where the claim states one."""
+    return () if decision.gain is None else (decision.gain,)

@@ -138,6 +138,23 @@ def test_a_report_subclass_extends_the_page_and_claims_get_verdicts(reference_co
     assert "Holm-adjusted" in page and "deciding interval" in page
 
 
+def test_a_claims_interval_shows_its_end_below_the_papers_effect(reference_copy):
+    """A paper effect 0.01 pp above the raw interval's upper end prints, at the page's one decimal, as that end:
+    its end must show it lies below the effect (the label is decided on that), and the digits must be its own."""
+    claim = Claim("FedVARP beats FedAvg on Dirichlet data", "dirichlet-0.3", "FedVARP", "FedAvg", paper_gain=0.03)
+    study = dataclasses.replace(STUDY, report=Report(metric="val_acc", claims=[claim], adjust="none"))
+    records = load_records(reference_copy, "small")
+    ((_, (_, _, hi, _), _),) = study.report.claim_rows(records)
+    shown = round(100 * hi, 1)
+    effect = (100 * hi + shown + 0.05) / 2 / 100  # above hi, below where hi's one-decimal text would change
+    assert hi < effect and f"{100 * hi:.1f}" == f"{100 * effect:.1f}"  # the tie the page must not show
+    claim = Claim(claim.text, "dirichlet-0.3", "FedVARP", "FedAvg", paper_gain=effect)
+    study = dataclasses.replace(STUDY, report=Report(metric="val_acc", claims=[claim], adjust="none"))
+    (summary,) = study.report.summaries(records)
+    shown_hi = float(summary.ours.split("[")[1].split("]")[0].split(", ")[1])
+    assert shown_hi < 100 * effect and shown_hi == pytest.approx(100 * hi, abs=0.005)  # hi to two decimals
+
+
 def test_the_console_script_runs_reports_and_checks(reference_copy, capsys):
     spec = str(Path(__file__).with_name("small_study.py"))  # a file, as a user names theirs
     assert main(["run", spec, "--root", str(reference_copy), "--no-progress"]) == 0
