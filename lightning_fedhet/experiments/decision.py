@@ -126,6 +126,12 @@ class Decision:
         """Whether the label is a verdict on the claim (not pending, not converged, not at a grid edge)."""
         return self.label in FINAL
 
+    @property
+    def against(self) -> tuple[float, ...]:
+        """What the interval is read against besides 0: the paper's effect, where the claim states one (pass it
+        as :func:`~lightning_fedhet.experiments.fmt_ci`'s ``against``)."""
+        return () if self.gain is None else (self.gain,)
+
     def text(self) -> str:
         """The label as a page shows it, with the seeds 80 % power needs where the interval is inconclusive."""
         if self.label == "inconclusive" and self.gain is not None:

@@ -256,7 +256,7 @@ class Report:
     def summaries(self, records: Sequence[Record]) -> list[Summary]:
         """The index rows: one per claim, on the current protocol's records."""
         current = [r for r in records if r["protocol"] == self.protocol] if self.protocol else list(records)
-        return [Summary(claim.text, claim.paper, f"{self.fmt(m, lo, hi, _effect(d))} ({n} seeds)", d.text())
+        return [Summary(claim.text, claim.paper, f"{self.fmt(m, lo, hi, d.against)} ({n} seeds)", d.text())
                 for claim, (m, lo, hi, n), d in self.claim_rows(current)]
 
     # ---------------------------------------------------------------------------------------------------- page
@@ -288,8 +288,8 @@ class Report:
                 blocks += [f"## Curves (protocol {protocol})\n",
                            f"![{metric} over rounds, mean and {self.level:.0%} band over seeds]({figure})\n"]
         if self.claims:
-            rows = [(c.text, c.paper or "–", f"{self.fmt(m, lo, hi, _effect(d))} ({n} seeds)",
-                     self.fmt(d.mean, d.lo, d.hi, _effect(d)),
+            rows = [(c.text, c.paper or "–", f"{self.fmt(m, lo, hi, d.against)} ({n} seeds)",
+                     self.fmt(d.mean, d.lo, d.hi, d.against),
                      f"**{d.text()}**")
                     for c, (m, lo, hi, n), d in self.claim_rows(
                         [r for r in records if r["protocol"] == self.protocol] or records)]
@@ -415,7 +415,3 @@ def check(studies: Study | Sequence[Study], root: str | Path | None = None, inde
                 problems.append(f"{rel}: not generated from any record (stale or written by hand)")
     return problems
 
-
-def _effect(decision: Decision) -> tuple[float, ...]:
-    """What a claim's interval is read against besides 0: the paper's effect, where the claim states one."""
-    return () if decision.gain is None else (decision.gain,)

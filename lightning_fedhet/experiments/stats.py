@@ -58,11 +58,7 @@ def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int 
     more decimal, up to 6, until each end shows its side."""
     if math.isnan(mean):
         return "–"
-    d = digits
-    if not math.isnan(lo):
-        refs = [0.0, *against]
-        while d < 6 and any(e != x and round(scale * e, d) == round(scale * x, d) for e in (lo, hi) for x in refs):
-            d += 1
+    d = digits if math.isnan(lo) else _decimals_to_tell((lo, hi), (0.0, *against), scale, digits)
     m = f"{scale * mean:.{d}f}{unit}"
     return m if math.isnan(lo) else f"{m} [{scale * lo:.{d}f}, {scale * hi:.{d}f}]"
 
@@ -74,11 +70,16 @@ def fmt_vs_bound(value: float, bound: float, scale: float = 100.0, digits: int =
     fails; both read ``+0.50`` at two decimals). At most 6 decimals; ``"–"`` for NaN."""
     if math.isnan(value):
         return "–"
-    target = abs(scale * bound)
+    return f"{scale * value:+.{_decimals_to_tell((value,), (bound, -bound), scale, digits)}f}{unit}"
+
+
+def _decimals_to_tell(values: Sequence[float], refs: Sequence[float], scale: float, digits: int) -> int:
+    """The fewest decimals from ``digits`` (at most 6) at which no value of ``values`` that differs from a value of
+    ``refs`` prints as it (both times ``scale``): the digits that show on which side of each reference it lies."""
     d = digits
-    while d < 6 and abs(value) != abs(bound) and f"{abs(scale * value):.{d}f}" == f"{target:.{d}f}":
+    while d < 6 and any(v != r and round(scale * v, d) == round(scale * r, d) for v in values for r in refs):
         d += 1
-    return f"{scale * value:+.{d}f}{unit}"
+    return d
 
 
 def fmt_mean_ci(values: Sequence[float], scale: float = 100.0, digits: int = 1, unit: str = "",

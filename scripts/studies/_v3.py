@@ -14,11 +14,12 @@ the claim, nor for an incomplete cell (that is "pending").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from lightning_fedhet.experiments import Decision, decide_paired, family_intervals
+from lightning_fedhet.experiments import Decision, decide_paired, family_intervals, fmt_ci
 
 #: appended to a v3 label that stands for v2's records away from its page (the results index)
 MARK = " (v2 records, v3 rule)"
@@ -94,17 +95,16 @@ def registered(text: str, raw: Decision) -> str:
     return f"not testable here (registered v2 rule, {detail}; the interval excludes {excludes}: see the v3 label)"
 
 
-def refs(d: Decision) -> tuple[float, ...]:
-    """What a claim's interval is read against besides 0: the paper's effect, where the claim has one (pass it as
-    :func:`~lightning_fedhet.experiments.fmt_ci`'s ``against``)."""
-    return () if d.gain is None else (d.gain,)
+#: a difference in percentage points, as the pages print it (each end on its side of 0 and of ``against``)
+fmt_pp = functools.partial(fmt_ci, unit=" pp")
 
 
 def cells(r: Relabelled, fmt: Callable[..., str]) -> tuple[str, str, str]:
     """A page row's :data:`HEADER` cells: the Holm interval (``fmt(mean, lo, hi, against=...)``, ``against`` the
-    paper's effect as :func:`refs` gives it), the v3 label, the label on the Holm interval."""
+    paper's effect, :attr:`~lightning_fedhet.experiments.Decision.against`), the v3 label, the label on the Holm
+    interval."""
     adj = r.adjusted
-    holm = "–" if adj.n < 2 else fmt(adj.mean, adj.lo, adj.hi, against=refs(adj))
+    holm = "–" if adj.n < 2 else fmt(adj.mean, adj.lo, adj.hi, against=adj.against)
     return holm, f"**{r.text()}**", r.text(adj)
 
 

@@ -645,7 +645,7 @@ def _setting_section(records: list[dict], protocol: str, setting: str, n_seeds: 
         return "\n".join(text), verdicts
     verdicts = {k: verdicts.get(k, ("–", "pending")) for k in CLAIMS}
     claim_rows = [(f"{k}: {CLAIMS[k][0]}", CLAIMS[k][1], ours, _v3.registered(v, v3[k].raw),
-                   *_v3.cells(v3[k], lambda *ci, **kw: fmt_ci(*ci, unit=" pp", **kw)))
+                   *_v3.cells(v3[k], _v3.fmt_pp))
                   for k, (ours, v) in verdicts.items()]
     text += ["\nVerdicts (protocol " + protocol + "'s decision rule, and the v3 rule on its records):\n",
              _v3.note(v3["C1"].family, "the comparisons CA-Fed − X that the claims rest on: C1 AdaFed, C3 Unbiased, C2 "
@@ -844,7 +844,7 @@ def v3_claims(decided: dict[str, Decision], raw: dict[str, Decision],
 
 
 def _pp(d: Decision) -> str:
-    return "–" if d.n < 2 else fmt_ci(d.mean, d.lo, d.hi, unit=" pp", against=_v3.refs(d)) + f", {d.n} seeds"
+    return "–" if d.n < 2 else _v3.fmt_pp(d.mean, d.lo, d.hi, against=d.against) + f", {d.n} seeds"
 
 
 def v3_power_rows(records: list[dict]) -> list[tuple[str, ...]]:
@@ -1124,7 +1124,7 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
                 label = "" if primary else f" [setting {setting}]"
                 if primary and v3:  # v2 records, v3 rule: the index gives the v3 label, so marked
                     verdict = v3[k].index_text()
-                    holm = _v3.cells(v3[k], lambda *ci, **kw: fmt_ci(*ci, unit=" pp", **kw))[0]
+                    holm = _v3.cells(v3[k], _v3.fmt_pp)[0]
                     ours = f"{ours}; Holm-adjusted {holm}" if k != "C2" else ours
                 if primary or k != "C2":
                     summaries.append(Summary(f"{protocol}, {k}: {CLAIMS[k][0]}{label}", CLAIMS[k][1],

@@ -491,7 +491,7 @@ def write_report(records: list[dict], out) -> list:
                         f"{ours} ({n} seeds)", verdict))
                     continue
                 r = v3[(pattern, m)]  # v2 records, v3 rule: beside the registered verdict; the index gives it
-                holm = _v3.cells(r, lambda *ci, **kw: fmt_ci(*ci, unit=" pp", **kw))
+                holm = _v3.cells(r, _v3.fmt_pp)
                 prow.append((*row, _v3.registered(verdict, r.raw), *holm))
                 wait = "; waiting for a GPU" if verdict == "pending (waiting for a GPU)" else ""
                 summaries.append(Summary(

@@ -504,8 +504,8 @@ def _v2_section(recs: list[dict], records: list[dict], ax, checks: dict[str, tup
                              converged={col: checks[col][0] != "fails" for col in pairs})
     for column, r in relabelled.items():
         d, gain = r.raw, pairs[column][2]
-        ours = fmt_ci(d.mean, d.lo, d.hi, unit=" pp", against=_v3.refs(d))
-        holm, v3, on_holm = _v3.cells(r, functools.partial(fmt_ci, unit=" pp"))
+        ours = _v3.fmt_pp(d.mean, d.lo, d.hi, against=d.against)
+        holm, v3, on_holm = _v3.cells(r, _v3.fmt_pp)
         prow.append((column, d.n, ours, f"{100 * gain:+.1f} pp", f"{100 * paper_gain(column, 'CIFAR100'):+.1f} pp",
                      _v3.registered(registered[column], d), checks[column][1], holm, v3, on_holm))
         state = checks[column][0]
@@ -703,7 +703,7 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
     the intervals, the thesis's gains, the convergence check, with ``drift`` the per-run drift (information), the
     label and, with ``earlier(cid, claim)``, the claim's earlier label; a power row: the paired SD so far and the
     seeds for 80 % power; a :class:`Summary` per claim (``title_suffix`` after the setting)."""
-    pp = functools.partial(fmt_ci, unit=" pp")
+    pp = _v3.fmt_pp
     rows, claim_rows, power_rows, summaries = [], [], [], []
     for cid, c in claims.items():
         planned = len(plans[cid])
@@ -716,8 +716,8 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
         check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
                                         "passes" if c["converged"] else "**fails**")
         g = (paper_gain(c["column"]),)
-        claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", pp(*c["raw"], against=g),
-                           pp(*c["holm"], against=g),
+        raw, holm = pp(*c["raw"], against=g), pp(*c["holm"], against=g)
+        claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", raw, holm,
                            f"{100 * paper_gain(c['column']):+.1f} pp",
                            f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp", f"{tails} ({check})",
                            *((" / ".join(_drift_text(d) for d in c["drifts"].values()),) if drift else ()),
@@ -728,7 +728,7 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
         summaries.append(Summary(
             f"{protocol}, Table 5.1, {c['column']}: Serving Rate beats Equal Weight on CIS accuracy ({cid}, "
             f"{c['heads']}{title_suffix})", f"{100 * paper_gain(c['column']):+.1f} pp (CIFAR10)",
-            f"{pp(*c['raw'], against=g)} ({dec.n} seeds; Holm {pp(*c['holm'], against=g)})", dec.text()))
+            f"{raw} ({dec.n} seeds; Holm {holm})", dec.text()))
     return rows, claim_rows, power_rows, summaries
 
 
@@ -757,7 +757,7 @@ def _ablation_rows(gains_agg: dict[str, dict[int, float]], gains_not: dict[str, 
     """The ablation table's rows, per column of ``gains_agg`` (``{column: {seed: SR - EW}}``, heads aggregated;
     ``gains_not`` likewise, heads not aggregated): over the seeds with both, each gain, their paired difference
     (raw 95 % and Holm over the columns) and what the Holm interval says."""
-    pp = functools.partial(fmt_ci, unit=" pp")
+    pp = _v3.fmt_pp
     both = {col: sorted(set(gains_agg[col]) & set(gains_not[col])) for col in gains_agg}
     abl = {col: [gains_agg[col][k] - gains_not[col][k] for k in both[col]] for col in gains_agg}
     abl_raw, abl_holm = family_intervals(abl, method="none"), family_intervals(abl, method="holm")

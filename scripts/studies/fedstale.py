@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -328,10 +327,6 @@ def _setting_section(protocol: str, setting: str, cells: list, seeds: tuple, rec
     return lines
 
 
-def _fmt_pp(mean: float, lo: float, hi: float, against: Sequence[float] = ()) -> str:
-    return fmt_ci(mean, lo, hi, unit=" pp", against=against)
-
-
 def _v2_relabel(recs: list[dict], labels: dict | None = None) -> list[str]:
     """Protocol v2's claims under the v3 rule, beside the labels v2 registered ("v2 records, v3 rule"). The v3 rule
     withholds a verdict from cells that fail protocol v3's convergence check, and every v2 cell does (its accuracy
@@ -350,11 +345,11 @@ def _v2_relabel(recs: list[dict], labels: dict | None = None) -> list[str]:
         conv = all(abs(change.get(x, 0.0)) < CONVERGENCE_BOUND for x in (b, base))
         v3 = decide_paired(acc[b], acc[base], None if gain is None else gain / 100, len(V2_SEEDS), converged=conv)
         drift = ", ".join(f"{100 * change[x]:+.1f}" for x in (b, base) if x in change)
-        holm, raw_label, on_holm = _v3.cells(r, _fmt_pp)
+        holm, raw_label, on_holm = _v3.cells(r, _v3.fmt_pp)
         if labels is not None:
             labels[cid] = v3.text() + _v3.MARK
-        rows.append((cid, f"{_label(b)} - {_label(base)}", _fmt_pp(mean, lo, hi, _v3.refs(r.raw)), registered, holm,
-                     f"**{v3.text()}** (change {drift} pp)", raw_label.strip("*"), on_holm))
+        rows.append((cid, f"{_label(b)} - {_label(base)}", _v3.fmt_pp(mean, lo, hi, against=r.raw.against),
+                     registered, holm, f"**{v3.text()}** (change {drift} pp)", raw_label.strip("*"), on_holm))
     return [_v3.note(len(CLAIMS), "C1-C4"),
             "Protocol v3's convergence check (|change of the seed-mean accuracy over the last 20 % of rounds| < "
             f"{100 * CONVERGENCE_BOUND:g} pp) fails for every v2 cell: the v2 runs still climb at round 50. Under the "
@@ -405,9 +400,9 @@ def _v3_section(recs: list[dict], summaries: list) -> list[str]:
                           interval=holm[cid][1:], converged=conv, lr_interior=place == "interior")
         mean, lo, hi, n = paired(acc[b], acc[base])
         paper = "a gain (no number in the text)" if gain is None else f"+{gain:g} pp"
-        prow.append((cid, f"{_label(b)} - {_label(base)}", n, _fmt_pp(mean, lo, hi), _fmt_pp(d.mean, d.lo, d.hi),
+        prow.append((cid, f"{_label(b)} - {_label(base)}", n, _v3.fmt_pp(mean, lo, hi), _v3.fmt_pp(d.mean, d.lo, d.hi),
                      paper, f"**{d.text()}**"))
-        summaries.append(Summary(f"{cid} {where} [v3]", paper, f"{_fmt_pp(mean, lo, hi)} ({n} seeds)", d.text()))
+        summaries.append(Summary(f"{cid} {where} [v3]", paper, f"{_v3.fmt_pp(mean, lo, hi)} ({n} seeds)", d.text()))
     lines += ["Claims, decided by `lightning_fedhet.experiments.decide` on **Holm intervals over the four claims** "
               "(the raw 95 % interval beside); a claim whose cells are not converged, or whose learning rate sits at "
               "its grid's edge, gets no verdict:\n",
@@ -433,7 +428,7 @@ def _v4_section(recs: list[dict], summaries: list) -> list[str]:
     d = decide_paired(acc[b], acc[base], gain / 100, planned, converged=conv, lr_interior=place == "interior")
     before = [x for x in summaries if x.claim == f"{cid} {where} [v3]"]
     paper = f"+{gain:g} pp"
-    ours = "–" if d.n == 0 else _fmt_pp(d.mean, d.lo, d.hi)
+    ours = "–" if d.n == 0 else _v3.fmt_pp(d.mean, d.lo, d.hi)
     summaries.append(Summary(f"{cid} {where} [v4]", paper, f"{ours} ({d.n} seeds)", d.text()))
     sd = float(np.std([acc[b][k] - acc[base][k] for k in sorted(set(acc[b]) & set(acc[base]))], ddof=1)) \
         if d.n > 1 else float("nan")

@@ -23,7 +23,6 @@ configuration below is complete.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -392,10 +391,6 @@ def power_rows(records: list[dict]) -> tuple[list[tuple], dict[str, str]]:
 
 
 # ------------------------------------------------------------------------------------------ the v3 decision rule
-def _fmt_pp(mean: float, lo: float, hi: float, against: Sequence[float] = ()) -> str:
-    return fmt_ci(mean, lo, hi, unit=" pp", against=against)
-
-
 def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """Protocol v2's claims under the v3 rule, beside the labels v2 registered ("v2 records, v3 rule"): the page's
     lines and each claim's v3 label as the results index gives it (marked as v2 records under the v3 rule)."""
@@ -417,13 +412,13 @@ def _v2_relabel(recs: list[dict], registered: dict[str, str]) -> tuple[list[str]
     mean, lo, hi, n = paired(finals["UPGA-PL"], finals["FedAvg (lossless)"])
     u2 = decide_within(lo, hi, NEAR_MARGIN, n, planned, mean=mean, converged=converged["U2"],
                        lr_interior=interior["U2"])
-    rows = [("U1: UPGA-PL − DMA-PL", _fmt_pp(r["U1"].raw.mean, r["U1"].raw.lo, r["U1"].raw.hi),
-             _v3.registered(registered.get("U1", ""), r["U1"].raw), *_v3.cells(r["U1"], _fmt_pp)),
-            ("U2: UPGA-PL − lossless, within ±1 pp", _fmt_pp(mean, lo, hi),
+    rows = [("U1: UPGA-PL − DMA-PL", _v3.fmt_pp(r["U1"].raw.mean, r["U1"].raw.lo, r["U1"].raw.hi),
+             _v3.registered(registered.get("U1", ""), r["U1"].raw), *_v3.cells(r["U1"], _v3.fmt_pp)),
+            ("U2: UPGA-PL − lossless, within ±1 pp", _v3.fmt_pp(mean, lo, hi),
              registered.get("U2", ""), "–", f"**{u2.text()}**", "–"),
-            ("U3: oscillation, UDMA-PL − UPGA-PL", _fmt_pp(r["U3 (oscillation)"].raw.mean,
+            ("U3: oscillation, UDMA-PL − UPGA-PL", _v3.fmt_pp(r["U3 (oscillation)"].raw.mean,
                                                          r["U3 (oscillation)"].raw.lo, r["U3 (oscillation)"].raw.hi),
-             registered.get("U3", ""), *_v3.cells(r["U3 (oscillation)"], _fmt_pp))]
+             registered.get("U3", ""), *_v3.cells(r["U3 (oscillation)"], _v3.fmt_pp))]
     crows = [(m, f"{recs_lr(recs, m):g}", checks[m][2], fmt_vs_bound(checks[m][0], CONVERGENCE_BOUNDS[m], unit=" pp"),
               ("yes" if checks[m][1] else "**no**") + f" (< {100 * CONVERGENCE_BOUNDS[m]:g} pp)") for m in methods]
     lines = [_v3.note(2, "U1 and U3's oscillation difference; U2 is an equivalence claim, labelled by "
