@@ -371,7 +371,7 @@ def drift_check(rounds: Sequence[float], runs: Sequence[Sequence[float]], bound:
     if changes.size and np.isnan(changes).any():
         raise ValueError("every run needs evaluations in both tail windows (a tail_change was NaN)")
     if changes.size < 2:
-        mean = round(float(changes.mean()), TIE_DECIMALS) if changes.size else math.nan
+        mean = float(changes[0]) if changes.size else math.nan  # one run: its own tail_change, rounded already
         return Drift(mean, math.nan, math.nan, int(changes.size), bound, "drift not resolved")
     mean, lo, hi = _t_interval(changes, level)
     mean = round(mean, TIE_DECIMALS)  # the seed-mean curve's tail_change, tie and all

@@ -58,7 +58,7 @@ def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int 
     more decimal, up to 6, until each end shows its side."""
     if math.isnan(mean):
         return "–"
-    d = digits if math.isnan(lo) else _decimals_to_tell((lo, hi), (0.0, *against), scale, digits)
+    d = _decimals_to_tell((lo, hi), (0.0, *against), scale, digits)  # a NaN end equals no reference: `digits`
     m = f"{scale * mean:.{d}f}{unit}"
     return m if math.isnan(lo) else f"{m} [{scale * lo:.{d}f}, {scale * hi:.{d}f}]"
 

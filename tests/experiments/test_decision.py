@@ -282,8 +282,8 @@ def test_drift_check_edges_of_the_bound_the_tail_and_the_seed_count():
 
 
 def test_drift_check_with_too_few_seeds_or_bad_input():
-    one = drift_check(*_runs_with_tail_changes([7.0]), bound=1.0)
-    assert (one.mean, one.n, one.state, one.bound) == (7.0, 1, "drift not resolved", 1.0)
+    one = drift_check(*_runs_with_tail_changes([0.375]), bound=1.0)  # a fraction: its decimals are kept
+    assert (one.mean, one.n, one.state, one.bound) == (0.375, 1, "drift not resolved", 1.0)
     assert math.isnan(one.lo) and math.isnan(one.hi)
     import warnings
 
