@@ -672,6 +672,44 @@ def test_v6_futility_stop_is_judged_once_on_the_first_10_seeds_and_keeps_them():
     assert not late["stopped"] and late["decision"].n == 20 and late["decision"].label == "not converged"
 
 
+def test_v6_page_says_where_each_claims_futility_stop_stands_and_what_is_left_to_run():
+    """Seeds 300-309 of every column, Equal Weight's runs drifting 0.4 pp (within ±0.5 pp). C2T's Serving Rate runs
+    drift 1 pp each (interval [1, 1] pp, resolved beyond 0.5): C2T stops, the other four go on, and the page's
+    commands for seeds 310-319 name the Equal Weight cell and the four columns that go on, not 20-35-45. With seed
+    309 of C4T's Serving Rate missing, C4T is not judged yet and the commands keep the placeholder. With every
+    Serving Rate cell drifting, every claim stops and nothing is left to run."""
+    first = list(fedcis.PLAN_V6["C5T"])[:10]
+    cmd = "run"
+
+    def records(late: dict, seeds=first) -> list[dict]:
+        return ([_v6_record(fedcis.EVERY_COLUMN_V6, "Equal Weight", s, dict.fromkeys(V6_COLUMNS, 0.80), 0.004)
+                 for s in first] +
+                [_v6_record(fedcis.v6_setting(col), "Serving Rate", s, 0.79, late.get(col, 0.0))
+                 for col in V6_COLUMNS for s in (seeds if col == "5-15-80" else first)])
+
+    claims = fedcis._v6_claims(records({"20-35-45": 0.01}))
+    assert fedcis._futility_v6(claims) == {"C5T": "goes on", "C6T": "goes on", "C2T": "stopped", "C3T": "goes on",
+                                          "C4T": "goes on"}
+    assert fedcis._futility_sentence(fedcis._futility_v6(claims)) == (
+        "\n**Futility stop** (judged once per claim, on seeds 300-309): C2T: stopped there, **not converged** (their "
+        "Serving Rate cells' seeds 310-319 are not run); C5T, C6T, C3T, C4T: go on to their 20 planned seeds.\n")
+    assert fedcis._reproduce_v6(claims, cmd) == [
+        "for s in $(seq 300 309); do run --seeds $s --one-seed-at-a-time; done",
+        "for s in $(seq 310 319); do run --seeds $s --settings 'every column, heads aggregated, 100 rounds' "
+        "'80-15-5, heads aggregated, 100 rounds' '60-30-10, heads aggregated, 100 rounds' "
+        "'10-30-60, heads aggregated, 100 rounds' '5-15-80, heads aggregated, 100 rounds' --one-seed-at-a-time; "
+        "done   # the columns whose claim goes on"]
+    waiting = fedcis._v6_claims(records({"20-35-45": 0.01}, seeds=first[:9]))
+    assert fedcis._futility_v6(waiting)["C4T"] == "not judged yet"
+    assert fedcis._futility_sentence(fedcis._futility_v6(waiting)).endswith(
+        "; C4T: not judged yet (waiting for runs of seeds 300-309).\n")
+    assert fedcis._reproduce_v6(waiting, cmd)[1].endswith(
+        "'<column>, heads aggregated, 100 rounds' --one-seed-at-a-time; done   # with each column whose claim goes on")
+    every = fedcis._v6_claims(records(dict.fromkeys(V6_COLUMNS, 0.01)))
+    assert set(fedcis._futility_v6(every).values()) == {"stopped"}
+    assert fedcis._reproduce_v6(every, cmd)[1] == "# seeds 310-319: none (the futility stop ended every claim)"
+
+
 def test_the_whole_page_takes_v6s_equal_weight_record_without_a_plain_cis_acc(tmp_path):
     """A v6 seed as it lands (the Equal Weight cell's record logs cis_acc_<column> only, and C5T's Serving Rate
     record): the page is written, C5T counts 1 of 20 seeds, and the Equal Weight rows read that one run per column."""

@@ -1017,6 +1017,54 @@ def _v5_section(claims: dict[str, dict], before: dict[str, dict], v2: list[dict]
     return lines, summaries
 
 
+#: where a v6 claim's futility stop stands (:func:`_futility_v6`)
+FUTILITY_STATES = ("stopped", "goes on", "not judged yet")
+
+
+def _futility_v6(claims: dict[str, dict]) -> dict[str, str]:
+    """Per v6 claim (``claims``: :func:`_v6_claims`), where its futility stop stands, one of
+    :data:`FUTILITY_STATES`: "stopped" (the stop ended it at its first :data:`FUTILITY_AFTER_V6` planned seeds),
+    "goes on" (those seeds are all paired and the stop did not end it: it is not judged again), or "not judged
+    yet" (some of those seeds lack a run of either strategy)."""
+    out = {}
+    for cid, c in claims.items():
+        first = set(list(PLAN_V6[cid])[:FUTILITY_AFTER_V6])
+        out[cid] = ("stopped" if c["stopped"] else
+                    "goes on" if first <= set(c["sr"]) & set(c["ew"]) else "not judged yet")
+    return out
+
+
+def _futility_sentence(state: dict[str, str]) -> str:
+    """The page's line on v6's futility stop: which claims it ended, which go on, which wait for their seeds."""
+    first = f"seeds {SEEDS_V6[0]}-{SEEDS_V6[FUTILITY_AFTER_V6 - 1]}"
+    said = {
+        "stopped": f"stopped there, **not converged** (their Serving Rate cells' seeds "
+                   f"{SEEDS_V6[FUTILITY_AFTER_V6]}-{SEEDS_V6[-1]} are not run)",
+        "goes on": f"go on to their {len(SEEDS_V6)} planned seeds",
+        "not judged yet": f"not judged yet (waiting for runs of {first})",
+    }
+    parts = [f"{', '.join(cid for cid, s in state.items() if s == key)}: {said[key]}" for key in FUTILITY_STATES
+             if key in state.values()]
+    return f"\n**Futility stop** (judged once per claim, on {first}): " + "; ".join(parts) + ".\n"
+
+
+def _reproduce_v6(claims: dict[str, dict], cmd: str) -> list[str]:
+    """The Reproduce section's v6 commands: seeds before the futility stop, every cell; after it, the Equal Weight
+    cell with the columns whose claim goes on (named once every claim is judged)."""
+    cut = SEEDS_V6[FUTILITY_AFTER_V6]
+    state = _futility_v6(claims)
+    going = [claims[cid]["column"] for cid, s in state.items() if s == "goes on"]
+    before = f"for s in $(seq {SEEDS_V6[0]} {cut - 1}); do {cmd} --seeds $s --one-seed-at-a-time; done"
+    if "not judged yet" in state.values():
+        columns, why = f"'{v6_setting('<column>')}'", "with each column whose claim goes on"
+    elif going:
+        columns, why = " ".join(f"'{v6_setting(col)}'" for col in going), "the columns whose claim goes on"
+    else:
+        return [before, f"# seeds {cut}-{SEEDS_V6[-1]}: none (the futility stop ended every claim)"]
+    return [before, f"for s in $(seq {cut} {SEEDS_V6[-1]}); do {cmd} --seeds $s --settings '{EVERY_COLUMN_V6}' "
+                    f"{columns} --one-seed-at-a-time; done   # {why}"]
+
+
 def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax) -> tuple[list[str], list]:
     """Protocol v6 (``claims``: :func:`_v6_claims`): v2's setting at the thesis's 100 rounds in the five columns whose
     check failed at 20 and 40 rounds; each claim's earlier label beside (``earlier``: ``{"v4": _v4_claims(...),
@@ -1055,6 +1103,7 @@ def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax
         f"{LR_TEXT}\n",
         markdown_table((*CLAIM_HEADER, DRIFT_HEADER, "v6 label", "earlier label"), crow),
         *_not_converged(_unsettled(claims), ROUNDS_V6, "v6"),
+        _futility_sentence(_futility_v6(claims)),
         f"\n**Sign pattern at {ROUNDS_V6} rounds** of Serving Rate − Equal Weight (+ / − where the Holm interval "
         "excludes 0, ? where it does not or the claim has no final label yet, – where v6 has no claim), against both "
         "of Table 5.1's rows:\n",
@@ -1118,13 +1167,11 @@ def write_report(records: list[dict], out) -> list:
     v5_lines, v5_summaries = _v5_section(claims_v5, claims_v3, v2_recs, axes[0])
     save_figure(fig, out_dir / "curves-v5.png")
     fig, axes = new_figure(ncols=1, width=7.5, height=3.8)
-    v6_lines, v6_summaries = _v6_section(_v6_claims([r for r in records if r["protocol"] == "v6"]),
-                                         {"v4": claims_v4, "v5": claims_v5}, axes[0])
+    claims_v6 = _v6_claims([r for r in records if r["protocol"] == "v6"])
+    v6_lines, v6_summaries = _v6_section(claims_v6, {"v4": claims_v4, "v5": claims_v5}, axes[0])
     save_figure(fig, out_dir / "curves-v6.png")
-    cut, cmd = SEEDS_V6[FUTILITY_AFTER_V6], "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis"
-    plans_v6 = [f"for s in $(seq {SEEDS_V6[0]} {cut - 1}); do {cmd} --seeds $s --one-seed-at-a-time; done",
-                f"for s in $(seq {cut} {SEEDS_V6[-1]}); do {cmd} --seeds $s --settings '{EVERY_COLUMN_V6}' "
-                f"'{v6_setting('<column>')}' --one-seed-at-a-time; done   # with each column whose claim goes on"]
+    cut = SEEDS_V6[FUTILITY_AFTER_V6]
+    plans_v6 = _reproduce_v6(claims_v6, "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis")
     plans = [f"OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds {PLAN_V5[cid][0]}-{PLAN_V5[cid][-1]} "
              f"--settings '{v3_setting(column, heads)}' --one-seed-at-a-time   # {cid}"
              for cid, column, heads in CLAIMS_V5]
