@@ -1030,7 +1030,7 @@ def _futility_v6(claims: dict[str, dict]) -> dict[str, str]:
     for cid, c in claims.items():
         first = set(list(PLAN_V6[cid])[:FUTILITY_AFTER_V6])
         out[cid] = ("stopped" if c["stopped"] else
-                    "goes on" if first <= set(c["sr"]) & set(c["ew"]) else "not judged yet")
+                    "goes on" if first <= c["sr"].keys() else "not judged yet")  # c["sr"]: the paired seeds
     return out
 
 
