@@ -627,14 +627,15 @@ def _drift_resolved(drifts) -> bool:
     return any(d is not None and d.blocks_verdict for d in drifts)
 
 
-def _stopped_at_first(cell: list[dict], plan: range, paired: list[int], after: int) -> bool:
-    """Protocol v6's futility stop, judged once: with the first ``after`` planned seeds all paired, a strategy's
-    per-run drift over those runs of ``cell`` is resolved beyond ±:data:`CONVERGED_BELOW`."""
+def _judge_at_first(cell: list[dict], plan: range, paired: list[int], after: int) -> tuple[bool, bool]:
+    """Protocol v6's futility stop, judged once: ``(judged, stopped)``. Judged once the first ``after`` planned seeds
+    are all paired; stopped when then a strategy's per-run drift over those runs of ``cell`` is resolved beyond
+    ±:data:`CONVERGED_BELOW`."""
     first = set(list(plan)[:after])
     if not first <= set(paired):
-        return False
+        return False, False
     head = [r for r in cell if r["seed"] in first]
-    return _drift_resolved(_drift(head, m) for m in STRATEGIES)
+    return True, _drift_resolved(_drift(head, m) for m in STRATEGIES)
 
 
 def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of,
@@ -645,15 +646,16 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
     over those runs), the Holm interval over ``claims`` and :func:`decide`'s label on it; ``setting_of(column,
     heads)`` names the cell. With ``futility_after``, a cell of ``futility_heads`` stopped by :func:`_futile` reads
     "not converged" at the seeds it has (protocol v4: heads not aggregated, judged at every count from
-    ``futility_after`` on); with ``futility_once`` the stop is :func:`_stopped_at_first` and a stopped claim keeps
-    its first ``futility_after`` seeds only (protocol v6: heads aggregated)."""
+    ``futility_after`` on); with ``futility_once`` the stop is :func:`_judge_at_first`, a stopped claim keeps
+    its first ``futility_after`` seeds only (protocol v6: heads aggregated) and ``"judged_once"`` says whether the
+    stop has been judged (always False without ``futility_once``)."""
     out = {}
     for cid, column, heads in claims:
         setting, plan = setting_of(column, heads), plans[cid]
         planned = [r for r in recs if r["setting"] == setting and r["seed"] in set(plan)]
         seeds = sorted(set.intersection(*(set(by_seed(planned, cis, method=m)) for m in STRATEGIES)))
-        stopped = (heads == futility_heads and futility_once
-                   and _stopped_at_first(planned, plan, seeds, futility_after))
+        judged, stopped = (_judge_at_first(planned, plan, seeds, futility_after)
+                           if heads == futility_heads and futility_once else (False, False))
         if stopped:
             seeds = list(plan)[:futility_after]
         # both strategies over the same runs: a seed one strategy lacks (e.g. the shared Equal Weight run of a seed
@@ -666,6 +668,7 @@ def _claims(recs: list[dict], claims: tuple, plans: dict[str, range], setting_of
             stopped = _futile(drifts, len(seeds), len(plan), futility_after)
         out[cid] = {"column": column, "heads": heads, "setting": setting, "cell": cell, "sr": sr, "ew": ew,
                     "tails": tails, "drifts": drifts, "diffs": [sr[k] - ew[k] for k in seeds], "stopped": stopped,
+                    "judged_once": judged,
                     "converged": not stopped and all(abs(t) < CONVERGED_BELOW for t in tails.values())}
     holm = family_intervals({cid: c["diffs"] for cid, c in out.items()}, method="holm")
     raw = family_intervals({cid: c["diffs"] for cid, c in out.items()}, method="none")
@@ -715,8 +718,7 @@ def _claim_tables(claims: dict[str, dict], plans: dict[str, range], protocol: st
         tails = " / ".join(fmt_vs_bound(t, CONVERGED_BELOW) for t in c["tails"].values())
         check = "–" if dec.n == 0 else ("**stopped: drift resolved**" if c["stopped"] else
                                         "passes" if c["converged"] else "**fails**")
-        g = (paper_gain(c["column"]),)
-        raw, holm = pp(*c["raw"], against=g), pp(*c["holm"], against=g)
+        raw, holm = pp(*c["raw"], against=dec.against), pp(*c["holm"], against=dec.against)
         claim_rows.append((cid, c["column"], c["heads"], f"{dec.n}/{planned}", raw, holm,
                            f"{100 * paper_gain(c['column']):+.1f} pp",
                            f"{100 * paper_gain(c['column'], 'CIFAR100'):+.1f} pp", f"{tails} ({check})",
@@ -1026,12 +1028,8 @@ def _futility_v6(claims: dict[str, dict]) -> dict[str, str]:
     :data:`FUTILITY_STATES`: "stopped" (the stop ended it at its first :data:`FUTILITY_AFTER_V6` planned seeds),
     "goes on" (those seeds are all paired and the stop did not end it: it is not judged again), or "not judged
     yet" (some of those seeds lack a run of either strategy)."""
-    out = {}
-    for cid, c in claims.items():
-        first = set(list(PLAN_V6[cid])[:FUTILITY_AFTER_V6])
-        out[cid] = ("stopped" if c["stopped"] else
-                    "goes on" if first <= c["sr"].keys() else "not judged yet")  # c["sr"]: the paired seeds
-    return out
+    return {cid: "stopped" if c["stopped"] else "goes on" if c["judged_once"] else "not judged yet"
+            for cid, c in claims.items()}
 
 
 def _futility_sentence(state: dict[str, str]) -> str:
