@@ -1,7 +1,7 @@
 """scripts/gpu/device_run.py, the one prepared device call, run on the CPU with ``--smoke`` (N = 20, 3 rounds, seeds
 0-1, random stand-in images; the contract and the bench tiny): the files appear, the contract passes (and fails on a
-divergence), a second call skips the cells already done, a cell whose projection does not fit is not started, and
-the real plan runs every cell at the protocol's 2,000 rounds."""
+divergence), a second call skips the cells and the seeds already done, a cell whose projection does not fit is not
+started, and the real plan runs every cell at the protocol's 2,000 rounds."""
 
 from __future__ import annotations
 
@@ -69,12 +69,14 @@ def test_smoke_runs_every_part_and_writes_its_files(smoke):
     assert re.search(r"^\[\d\d:\d\d:\d\d \+ *\d+\.\ds\] a\. contract PASS", log, re.M)
 
 
-def test_a_second_call_skips_the_cells_already_done(smoke, tmp_path):
+def test_a_second_call_skips_the_cells_and_the_seeds_already_done(smoke, tmp_path):
     # The first 8 cells' records come in a --done file (a call's records.jsonl not yet imported), the 9th's as record
-    # files under --records-root (as the import writes them): only the 10th runs.
+    # files under --records-root (as the import writes them), and seed 0 of the 10th in the --done file (as a CPU run
+    # of one seed leaves it): only the 10th cell runs, and only its seed 1.
     records = _lines(smoke / "records.jsonl")
     done = tmp_path / "done.jsonl"
-    done.write_text("".join(json.dumps(r) + "\n" for r in records if f"{r['setting']}/{r['method']}" in NAMES[:8]))
+    done.write_text("".join(json.dumps(r) + "\n" for r in records if f"{r['setting']}/{r['method']}" in NAMES[:8]
+                            or (f"{r['setting']}/{r['method']}" == NAMES[9] and r["seed"] == 0)))
     root = tmp_path / "results"
     for r in records:
         if f"{r['setting']}/{r['method']}" == NAMES[8]:
@@ -84,7 +86,10 @@ def test_a_second_call_skips_the_cells_already_done(smoke, tmp_path):
     cells = json.loads((out / "cells.json").read_text())["cells"]
     assert [cells[n]["state"] for n in NAMES] == ["done before"] * 9 + ["done"]
     assert str(root) in cells[NAMES[8]]["where"] and str(done) in cells[NAMES[0]]["where"]
-    assert {f"{r['setting']}/{r['method']}" for r in _lines(out / "records.jsonl")} == {NAMES[9]}
+    assert [(f"{r['setting']}/{r['method']}", r["seed"], r["seeds_in_run"]) for r in _lines(out / "records.jsonl")
+            ] == [(NAMES[9], 1, 1)]
+    assert cells[NAMES[9]]["state"] == "done"
+    assert fedau_v2.seeds_left(fedau_v2.plan(smoke=True), (0, 1), root, [done]) == {NAMES[9]: [1]}
     assert not (out / "contract.json").exists() and not (out / "bench.json").exists()  # --parts fedau
 
 

@@ -7,9 +7,11 @@ option, and :func:`plan` takes the rounds from ``studies.fedau.CELLS``. A cell i
 participating, average all or MIFA in one participation pattern, its 10 seeds stacked in one
 ``studies.fedau.run_seeds`` run (``fit_seeds``: vmap on CUDA).
 
-- **Done cells are skipped**: a cell is done when each of its seeds has a record at the cell's configuration (protocol
-  v2, its N and its rounds) in the committed record files ``docs/results/records/fedau/v2/`` (``--records-root``)
-  or in a ``--done`` JSON-lines file (an earlier call's ``records.jsonl``).
+- **Done cells are skipped, and so are done seeds**: a cell is done when each of its seeds has a record at the cell's
+  configuration (protocol v2, its N and its rounds) in the committed record files ``docs/results/records/fedau/v2/``
+  (``--records-root``) or in a ``--done`` JSON-lines file (an earlier call's ``records.jsonl``); a cell of which
+  some seeds have a record (run on the CPU, seed by seed, as the protocol's amendment of 2026-11-29 allows) runs only
+  the others, stacked.
 - **Order**: the rest run in the protocol's order of priority (``CELLS``: Bernoulli, cyclic, Markov), one after
   another in one worker process (``--workers 2``: two processes share the GPU, each taking the next cell when it is
   free; worth it once a call has measured a cell at well under half the budget, since two cells that share the GPU
@@ -102,26 +104,42 @@ def complete_seeds(records, cell) -> set[int]:
             and r["config"].get("num_clients") == cell.config["num_clients"]}
 
 
-def done_cells(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, str]:
-    """``{name: where}`` for every cell whose ``seeds`` all have a record: the record files under ``records_root``
-    (``docs/results``, where ``scripts/gpu/import_records.py`` writes them; ``None``: none) or the lines of
-    ``done_files``."""
+def _recorded(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, tuple[set[int], set[int]]]:
+    """``{name: (seeds with a record file under records_root, seeds with a record there or in done_files)}``."""
     from lightning_fedhet.experiments import record_path
 
     fedau = _studies()
     lines = []
     for path in done_files:
         lines += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    done = {}
+    found = {}
     for cell in cells:
         files = [record_path(records_root, STUDY, fedau.PROTOCOL, cell.setting, cell.method, s) for s in seeds
                  ] if records_root is not None else []
         committed = [json.loads(f.read_text()) for f in files if f.is_file()]
-        if complete_seeds(committed, cell) >= set(seeds):
-            done[name(cell)] = f"records under {records_root}"
-        elif complete_seeds(committed + lines, cell) >= set(seeds):
-            done[name(cell)] = "records in " + ", ".join(str(p) for p in done_files)
+        found[name(cell)] = (complete_seeds(committed, cell), complete_seeds(committed + lines, cell))
+    return found
+
+
+def done_cells(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, str]:
+    """``{name: where}`` for every cell whose ``seeds`` all have a record: the record files under ``records_root``
+    (``docs/results``, where ``scripts/gpu/import_records.py`` writes them; ``None``: none) or the lines of
+    ``done_files``."""
+    done = {}
+    for cell_name, (committed, anywhere) in _recorded(cells, seeds, records_root, done_files).items():
+        if committed >= set(seeds):
+            done[cell_name] = f"records under {records_root}"
+        elif anywhere >= set(seeds):
+            done[cell_name] = "records in " + ", ".join(str(p) for p in done_files)
     return done
+
+
+def seeds_left(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, list[int]]:
+    """``{name: the seeds of seeds, in order, that have no record}`` for every cell that is not done (every seed for a
+    cell with none); records are looked for as :func:`done_cells` does."""
+    found = _recorded(cells, seeds, records_root, done_files)
+    return {cell_name: [s for s in seeds if s not in anywhere] for cell_name, (_, anywhere) in found.items()
+            if not anywhere >= set(seeds)}
 
 
 def estimate_cell_s(rounds: int, cell_walls: list[float], rates: list[float]) -> float | None:
@@ -185,8 +203,8 @@ def provenance(commit: str | None, device: str, log) -> dict:
 
 
 def worker(index: int, conn, job: dict, log) -> None:
-    """Ask the parent for a cell, run it, report; until told to stop. ``job``: device, seeds, commit, deadline,
-    out, probe_rounds, progress_every_s, workers."""
+    """Ask the parent for a cell, run its seeds (the order names them), report; until told to stop. ``job``: device,
+    commit, deadline, out, probe_rounds, progress_every_s, workers."""
     current = None
     try:
         sys.path.insert(0, str(SCRIPTS))
@@ -199,14 +217,14 @@ def worker(index: int, conn, job: dict, log) -> None:
         torch.set_num_threads(1)  # the GPU does the work; 16 cores, several workers
         full_float32()
         fedau._train.quiet()
-        seeds, deadline, device = list(job["seeds"]), job["deadline"], job["device"]
+        deadline, device = job["deadline"], job["device"]
         prov = provenance(job["commit"], device, log)
         while True:
             conn.send(("ready", index, None, None))
             order = conn.recv()
             if order[0] == "stop":
                 return
-            cell = order[1]
+            cell, seeds = order[1], list(order[2])
             current, rounds = name(cell), int(cell.config["rounds"])
             log(f"worker {index}: {current} starts: {len(seeds)} seeds x {rounds} rounds")
             begin, marks, shown = time.time(), [], [0.0]
@@ -275,11 +293,14 @@ def worker(index: int, conn, job: dict, log) -> None:
 
 
 def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers: int, log,
-              done: dict[str, str] | None = None, s_per_round: float | None = None, commit: str | None = None,
-              probe_rounds: int = PROBE_ROUNDS, progress_every_s: float = 30.0) -> dict:
-    """Run the cells not in ``done`` as the module docstring says; the final ``cells.json`` content."""
+              done: dict[str, str] | None = None, left: dict[str, list[int]] | None = None,
+              s_per_round: float | None = None, commit: str | None = None, probe_rounds: int = PROBE_ROUNDS,
+              progress_every_s: float = 30.0) -> dict:
+    """Run the cells not in ``done`` as the module docstring says, each with its seeds in ``left`` (default: every
+    seed of ``seeds``); the final ``cells.json`` content."""
     out = Path(out)
     done = done or {}
+    left = {name(c): list((left or {}).get(name(c), seeds)) for c in cells if name(c) not in done}
     rounds = max(int(c.config["rounds"]) for c in cells)
     status: dict[str, dict] = {name(c): ({"state": "done before", "where": done[name(c)]} if name(c) in done
                                          else {"state": "waiting"}) for c in cells}
@@ -295,8 +316,10 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         write_json(out / "cells.json", summary)
 
     queue = [c for c in cells if name(c) not in done]
+    partial = {n: s for n, s in left.items() if len(s) < len(seeds)}
     log(f"fedau v2: {len(cells)} cells at {rounds} rounds x {len(seeds)} seeds; {len(done)} done before "
-        f"({', '.join(done) or 'none'}); {len(queue)} to run in this order: {', '.join(name(c) for c in queue)}")
+        f"({', '.join(done) or 'none'}); {len(queue)} to run in this order: {', '.join(name(c) for c in queue)}"
+        + "".join(f"; {n}: only seeds {s} (the others have records)" for n, s in partial.items()))
     save()
     first = refusal(queue[0], [], [s_per_round] if s_per_round else [], deadline - time.time()) if queue else None
     if first:  # judged from --s-per-round alone: no worker is started
@@ -308,7 +331,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
     if not queue:
         return summary
     ctx = mp.get_context("spawn")
-    job = {"device": device, "seeds": list(seeds), "commit": commit, "deadline": deadline, "out": str(out),
+    job = {"device": device, "commit": commit, "deadline": deadline, "out": str(out),
            "probe_rounds": probe_rounds, "progress_every_s": progress_every_s, "workers": workers}
     conns, procs = {}, {}
     for w in range(min(workers, len(queue))):
@@ -319,7 +342,8 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         theirs.close()
     next_cell, refused = 0, None
     try:
-        next_cell, refused = _dispatch(queue, conns, procs, status, walls, rates, s_per_round, deadline, log, save)
+        next_cell, refused = _dispatch(queue, left, conns, procs, status, walls, rates, s_per_round, deadline, log,
+                                       save)
     finally:
         for proc in procs.values():
             proc.join(5.0)
@@ -335,9 +359,10 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
     return summary
 
 
-def _dispatch(queue, conns, procs, status, walls, rates, s_per_round, deadline, log, save) -> tuple[int, str | None]:
-    """The parent's loop: hand each free worker the next cell that fits, book what the workers report; the index of
-    the first cell not handed out, and why it was refused (or ``None``)."""
+def _dispatch(queue, seeds_of, conns, procs, status, walls, rates, s_per_round, deadline, log, save
+              ) -> tuple[int, str | None]:
+    """The parent's loop: hand each free worker the next cell that fits, with its seeds in ``seeds_of``, book what the
+    workers report; the index of the first cell not handed out, and why it was refused (or ``None``)."""
     next_cell, refused, running = 0, None, {}
     while conns:
         left = deadline + GRACE_S - time.time()
@@ -374,9 +399,9 @@ def _dispatch(queue, conns, procs, status, walls, rates, s_per_round, deadline, 
                     conn.send(("stop",))
                     del conns[w]
                     continue
-                conn.send(("run", cell))
+                conn.send(("run", cell, seeds_of[name(cell)]))
                 estimate = estimate_cell_s(int(cell.config["rounds"]), walls, known)
-                status[name(cell)] = {"state": "running", "worker": w,
+                status[name(cell)] = {"state": "running", "worker": w, "seeds": seeds_of[name(cell)],
                                       "projected_s": None if estimate is None else round(estimate, 1)}
                 running[w] = name(cell)
                 next_cell += 1

@@ -8,7 +8,8 @@ at most 0.05 chance of switching on) and cyclic. Protocol v1 scaled it to a 2-co
 period 50, evaluations on 200-image test chunks); protocol v2 runs the paper's scale (N = 250, 2,000 rounds,
 period 100, full test set every 10 rounds) with stacked seeds on a GPU (``run_seeds``; ``scripts/gpu/device_run.py``
 runs whole cells at the full 2,000 rounds, never a shorter step of the protocol's ladder, and the import refuses a
-shorter record). Aggregation rules (all run the same local
+shorter record) and, from the protocol's amendment of 2026-11-29 on, seed by seed on the CPU where no GPU is lent
+(``reproduce.py run fedau``; about 40 CPU-minutes a seed). Aggregation rules (all run the same local
 SGD; ``gamma`` the local and ``eta`` the global step of the paper's Table C.4.1):
 
 - ``FedAU (K=50)``: weights ``omega_n`` from the client's own past participation intervals, cut off at K;
@@ -22,6 +23,7 @@ SGD; ``gamma`` the local and ``eta`` the global step of the paper's Table C.4.1)
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import numpy as np
 import torch
@@ -219,8 +221,9 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     """Protocol v2: every seed of ``seeds`` at once (:func:`lightning_fedhet.multiseed.fit_seeds`, their cohorts
     stacked in one vmap per round on ``device``), evaluated on the full test set every ``eval_every`` rounds.
 
-    ``device`` defaults to ``"cuda"`` for the protocol's cells (``needs_gpu``), refused without one (they wait for a
-    GPU: ``scripts/gpu/device_run.py``), and to the CPU for a cheap variant without ``needs_gpu`` (e.g. a canary);
+    ``device`` defaults to ``"cuda"`` for the protocol's cells (``needs_gpu``) where CUDA is there, else to the CPU
+    (protocol v2's amendment of 2026-11-29: the cells also run on the CPU, seed by seed; float32 on both, TF32 off
+    on CUDA), and to the CPU for a cheap variant without ``needs_gpu`` (e.g. a canary);
     ``rounds`` overrides the cell's (a short check; the GPU script never passes it, and a record at other rounds than
     its cell's is refused by ``scripts/gpu/import_records.py``);
     past ``deadline`` (a ``time.time()`` value) the run raises :class:`OutOfTime` at its next evaluation;
@@ -233,10 +236,10 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     c = cell.config
     if c.get("eval_on") != FULL_TEST_SET:
         return [run_cell(cell, seed) for seed in seeds]
-    device = device or ("cuda" if c.get("needs_gpu") else "cpu")  # a cheap variant (a canary) may run on the CPU
+    device = device or ("cuda" if c.get("needs_gpu") and torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"fedau {cell.setting} / {cell.method}: protocol v2's cells wait for a GPU (run "
-                         "scripts/gpu/device_run.py on one); no CUDA device here")
+        raise SystemExit(f"fedau {cell.setting} / {cell.method}: device {device!r} asked for, but there is no CUDA "
+                         "device here; leave device unset to run on the CPU")
     rounds = int(rounds or c["rounds"])
     built: dict[int, tuple] = {}
     tests: dict[int, tuple] = {}
@@ -405,10 +408,10 @@ def write_report(records: list[dict], out) -> list:
         "column, whose CNN we use): **reproduced** when the 95 % interval of the mean gain lies above 0 and the mean "
         "is at least half the paper's gain; **partly reproduced** when above 0 but smaller; **direction only** when "
         "the mean is positive but the interval reaches 0; **not reproduced** when the mean gain is 0 or negative; "
-        "**pending** while a cell has fewer records than the protocol's seeds (protocol v2's cells wait for a GPU "
-        "until their records exist). An inconclusive verdict (interval around 0) whose interval is wider than the "
-        "paper's effect says so. Protocol v2's claims are also labelled by the v3 rule (\"v2 records, v3 rule\", "
-        "below).\n",
+        "**pending** while a cell has fewer records than the protocol's seeds (protocol v2's cells run on a GPU, their "
+        "seeds stacked, and, from the protocol's amendment of 2026-11-29 on, seed by seed on the CPU). An "
+        "inconclusive verdict (interval around 0) whose interval is wider than the paper's effect says so. Protocol "
+        "v2's claims are also labelled by the v3 rule (\"v2 records, v3 rule\", below).\n",
     ]
     summaries = []
     v2_plan = PROTOCOLS[PROTOCOL][2]
@@ -419,8 +422,8 @@ def write_report(records: list[dict], out) -> list:
         lines.append(f"## Results, protocol {protocol} ({len(seeds)} seeds)\n")
         lines.append(describe(recs[0]["config"] if recs else cells[0].config) + ".\n")
         if protocol == PROTOCOL and not recs:
-            lines.append(f"**Waiting for a GPU**: {len(cells)} cells x {len(seeds)} seeds, none run yet "
-                         "(`scripts/gpu/device_run.py`; the protocol gives the cost on this machine).\n")
+            lines.append(f"**Not run yet**: {len(cells)} cells x {len(seeds)} seeds (`scripts/gpu/device_run.py` on "
+                         "a GPU, or `reproduce.py run fedau` on the CPU; the protocol gives the cost on each).\n")
         if protocol == PROTOCOL:
             lines.append(_v3.note(len(v3), "FedAU (K=50) − baseline in every pattern and baseline below; the "
                                   "paper's SVHN gain is each claim's effect", seen=False))  # no v2 record when v3 came
@@ -449,7 +452,9 @@ def write_report(records: list[dict], out) -> list:
                 floor = mean_ci([r["config"]["p_at_floor"] / r["config"]["num_clients"] for r in rs])
                 gamma, eta = (rs[0]["config"]["client_lr"], rs[0]["config"]["server_lr"]) if rs else LRS[m]
                 rounds = ", ".join(str(v) for v in sorted({r["config"]["rounds"] for r in rs})) or "–"
-                rows.append((m, n, rounds, f"{gamma:g} / {eta:g}",
+                where = Counter(r["device"] for r in rs)
+                ran_on = ", ".join(f"{d} ({k})" for d, k in sorted(where.items())) or "–"
+                rows.append((m, n, rounds, *((ran_on,) if protocol == PROTOCOL else ()), f"{gamma:g} / {eta:g}",
                              fmt_mean_ci(list(acc[m].values())),
                              fmt_ci(*recv, scale=1.0), fmt_ci(*floor, digits=0, unit=" %"))
                             + ((_drift_text(cell_drift(recs, pattern, m)),) if protocol == PROTOCOL else ()))
@@ -462,7 +467,8 @@ def write_report(records: list[dict], out) -> list:
                     xs = sorted(by_round)
                     axes[k].plot(xs, [100 * np.mean(by_round[x]) for x in xs], label=f"{m} (n={len(rs)})")
             lines.append(markdown_table(
-                ("method", "seeds", "rounds", "gamma / eta", "test accuracy % (mean [95 % CI])", "clients per round",
+                ("method", "seeds", "rounds", *(("run on (seeds)",) if protocol == PROTOCOL else ()), "gamma / eta",
+                 "test accuracy % (mean [95 % CI])", "clients per round",
                  "clients at the floor p = 0.02")
                 + ((f"convergence: accuracy change over the last 20 % of rounds (95 % CI; ±{100 * DRIFT_BOUND:g} "
                     "pp)",) if protocol == PROTOCOL else ()), rows))
@@ -476,7 +482,7 @@ def write_report(records: list[dict], out) -> list:
                 ok = complete[methods[0]] and complete[m]
                 verdict = verdict_for_gain(lo, mean, hi, gain) if ok else "pending"
                 if verdict == "pending" and protocol == PROTOCOL and not (acc[methods[0]] and acc[m]):
-                    verdict = "pending (waiting for a GPU)"
+                    verdict = "pending (not run yet)"
                 half = (hi - lo) / 2
                 wide = half == half and half >= gain
                 if wide and lo <= 0 <= hi and verdict in ("direction only", "not reproduced"):
@@ -493,7 +499,7 @@ def write_report(records: list[dict], out) -> list:
                 r = v3[(pattern, m)]  # v2 records, v3 rule: beside the registered verdict; the index gives it
                 holm = _v3.cells(r, _v3.fmt_pp)
                 prow.append((*row, _v3.registered(verdict, r.raw), *holm))
-                wait = "; waiting for a GPU" if verdict == "pending (waiting for a GPU)" else ""
+                wait = "; not run yet" if verdict == "pending (not run yet)" else ""
                 summaries.append(Summary(
                     f"Table 1 ({pattern}): FedAU (K=50) beats {m} [{protocol}]", f"{100 * gain:+.1f} pp (SVHN)",
                     f"{ours} ({n} seeds{wait}" + ("" if holm[0] == "–" else f"; Holm-adjusted {holm[0]}") + ")",
@@ -514,7 +520,11 @@ def write_report(records: list[dict], out) -> list:
         "Protocol v1 evaluated each point on a different 200-image chunk of the test set (noisier curves); "
         "protocol v2 on the full test set.\n",
         *reproduce_section(records, (
-            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau   # v2's cells need CUDA; on a GPU machine:",
+            "# v2 on the CPU, seed by seed in the protocol's order (about 40 CPU-minutes a seed); records that exist "
+            "are not re-run",
+            "OMP_NUM_THREADS=1 python scripts/reproduce.py run fedau --seeds 0 --settings bernoulli --methods 'Average "
+            "all' --one-seed-at-a-time",
+            "# v2 on a GPU machine: the cells' seeds that have no record, stacked; then import them",
             "python3 scripts/gpu/device_run.py --data-dir .gpu_data --out \"$OUT\" --commit HASH  # records.jsonl",
             "python scripts/gpu/import_records.py records.jsonl        # into records/fedau/v2/",
             "python scripts/reproduce.py report                        # this page, from the records",
