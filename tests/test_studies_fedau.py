@@ -122,8 +122,11 @@ def test_a_v2_cell_whose_drift_is_resolved_beyond_half_a_point_gets_no_verdict(t
     out = fedau.v3_labels(records)[("bernoulli", "Average participating")]
     assert out.raw.label == "not converged" and out.adjusted.label == "not converged"
     assert out.index_text() == "not converged (v2 records, v3 rule)"
+    for r in records[:8]:  # seeds 0-3 of both cells from a GPU call, the rest from the CPU (protocol v2's amendment)
+        r["device"] = "NVIDIA H200"
     fedau.write_report(records, tmp_path)
     page = (tmp_path / "fedau.md").read_text()
+    assert "| FedAU (K=50) | 10/10 | 2000 | NVIDIA H200 (4), cpu (6) | 0.1 / 1 |" in page
     assert "| 1.00 pp [0.85, 1.15] (not converged) |" in page
     assert "| 0.00 pp [0.00, 0.00] (converged) |" in page  # Average participating does not move
 
