@@ -93,6 +93,29 @@ def test_a_second_call_skips_the_cells_and_the_seeds_already_done(smoke, tmp_pat
     assert not (out / "contract.json").exists() and not (out / "bench.json").exists()  # --parts fedau
 
 
+def test_seeds_left_names_each_cells_seeds_without_a_record_at_its_configuration(tmp_path):
+    # Smoke cells (N = 20, 3 rounds), seeds 0-2. Cell 0: every seed in the --done file -> done, nothing left. Cell 1:
+    # seed 1 committed under the root, seed 2 in the --done file, seed 0 only at another horizon (2,000 rounds,
+    # which is not the cell's) -> seed 0 left. Every other cell: no record -> all three, in order.
+    cells = fedau_v2.plan(smoke=True)
+    names = [fedau_v2.name(c) for c in cells]
+
+    def rec(cell, seed, rounds=3):
+        return {"study": "fedau", "protocol": fedau.PROTOCOL, "setting": cell.setting, "method": cell.method,
+                "seed": seed, "config": {"rounds": rounds, "num_clients": 20}}
+
+    root = tmp_path / "results"
+    write_record(record_path(root, "fedau", fedau.PROTOCOL, cells[1].setting, cells[1].method, 1), rec(cells[1], 1))
+    write_record(record_path(root, "fedau", fedau.PROTOCOL, cells[1].setting, cells[1].method, 0),
+                 rec(cells[1], 0, rounds=2000))
+    done = tmp_path / "done.jsonl"
+    done.write_text("".join(json.dumps(r) + "\n" for r in [rec(cells[0], 0), rec(cells[0], 1), rec(cells[0], 2),
+                                                           rec(cells[1], 2)]))
+    left = fedau_v2.seeds_left(cells, (0, 1, 2), root, [done])
+    assert left == {names[1]: [0], **{n: [0, 1, 2] for n in names[2:]}}
+    assert fedau_v2.done_cells(cells, (0, 1, 2), root, [done]) == {names[0]: f"records in {done}"}
+
+
 def test_a_cell_that_does_not_fit_is_not_started(tmp_path):
     # 1,000 s per round measured earlier: a 3-round cell projects to 3 x 1,000 x 1.1 + 20 = 3,320 s, more than a
     # 200 s budget leaves; neither it nor a later cell starts, and no record is written.
