@@ -214,7 +214,8 @@ def test_v2_labels_take_the_convergence_check_of_v3_runs_of_the_same_setting():
     v2, v3 = records(0.006)
     lines, _ = fedcis._v3_section(fedcis._v3_claims(v3), v3, v2, axes[0], _checks(v2 + v3))
     row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| ours, heads aggregated"))
-    assert row.split(" | ")[1:7] == ["+", "?", "?", "?", "?", "?"]
+    # 20-35-45's -2.3 pp is resolved but its setting's check fails: its sign in brackets (no verdict), not "?"
+    assert row.split(" | ")[1:7] == ["+", "?", "?", "(−)", "?", "?"]
 
 def test_v3_ablation_pairs_v2_records_with_the_released_code_runs():
     """80-15-5, seeds 0-9: v2's gain (heads aggregated) 6 pp every seed, v3's (heads not) 2 pp +- 1 pp alternating:
@@ -439,7 +440,7 @@ def test_v2_labels_of_80_15_5_and_60_30_10_take_the_check_of_v5s_c5_and_c6():
 def test_the_page_marks_v2s_80_15_5_sign_unknown_when_c5_fails_and_lists_v5s_commands(tmp_path):
     """The whole page from v2 records (80-15-5: +6 pp +- 0.5 pp, seeds 0-9), v3 records (80-15-5 heads not
     aggregated: +2 pp, seeds 0-9) and v5's C5 with Equal Weight 0.6 pp lower at round 18 than at 20 (fails): the
-    sign row of v2's setting reads "?" at 80-15-5; the ablation still pairs v2's 10 seeds with v3's (v5's seeds
+    sign row of v2's setting reads "(+)" at 80-15-5 (a resolved sign, not a verdict); the ablation still pairs v2's 10 seeds with v3's (v5's seeds
     200-209 are no v2/v3 pair); the Reproduce section lists v5's planned commands."""
     meta = {"commit": "abc", "dirty": False, "engine": "sequential", "device": "cpu", "torch": "2", "wall_s": 1.0,
             "cpu_s": 1.0}
@@ -456,8 +457,9 @@ def test_the_page_marks_v2s_80_15_5_sign_unknown_when_c5_fails_and_lists_v5s_com
     recs = [{**meta, **r} for r in recs]
     summaries = fedcis.write_report(recs, tmp_path)
     page = (tmp_path / "fedcis.md").read_text().splitlines()
-    sign = next(line for line in page if line.startswith("| ours, heads aggregated"))
-    assert sign.split(" | ")[1] == "?"
+    sign = next(line for line in page if line.startswith("| ours, heads aggregated (v2 records"))
+    assert sign.split(" | ")[1:3] == ["(+)", "?"]  # resolved but unsettled: its sign, bracketed; no records: ?
+    assert sign.endswith("| 0 of 6 | 0 of 6 |")  # a bracketed sign is no verdict, so it agrees with no row
     assert any(line.startswith("| 80-15-5 | 10 | 6.0 pp") for line in page)  # the v3 ablation: v2's 10 seeds
     assert ("OMP_NUM_THREADS=1 python scripts/reproduce.py run fedcis --seeds 200-215 --settings '80-15-5, heads not "
             "aggregated' --one-seed-at-a-time   # R1c") in page
@@ -640,6 +642,10 @@ def test_v6_claim_reads_equal_weights_cis_of_its_own_column_and_is_decided_on_ho
     # 0.6 pp in every run: the per-run drift is resolved beyond the bound, so the stop ends C5T at its first 10 seeds
     assert "**Not converged at 100 rounds**: C5T (stopped: per-run drift resolved; Equal Weight +0.60 pp)." in \
         "\n".join(lines)
+    # no verdict, but the resolved sign of its interval is still reported, in brackets
+    sign = next(line for line in "\n".join(lines).splitlines()
+                if line.startswith("| ours, heads aggregated, 100 rounds"))
+    assert sign.split(" | ")[1:] == ["(+)", "?", "–", "?", "?", "? |"]
 
 
 def test_v6_futility_stop_is_judged_once_on_the_first_10_seeds_and_keeps_them():

@@ -568,6 +568,12 @@ def _sign(lo: float, hi: float) -> str:
     return "+" if lo > 0 else "−" if hi < 0 else "?"
 
 
+def _shown_sign(lo: float, hi: float, verdict: bool) -> str:
+    """The sign row's entry: the interval's sign where the claim has a verdict; in brackets where its regime did not
+    settle (a resolved sign is reported, but it is not a verdict and does not count as agreeing with the thesis)."""
+    return _sign(lo, hi) if verdict else f"({_sign(lo, hi)})"
+
+
 def _v3_claims(recs: list[dict]) -> dict[str, dict]:
     """Per v3 claim: per-seed CIS of both strategies over its planned seeds, the convergence check, the Holm
     interval over the 10 claims and :func:`decide`'s label on it."""
@@ -801,7 +807,7 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
     v2_holm = family_intervals(v2_gain, method="holm")
     released = {c["column"]: c for c in claims.values() if c["heads"] == "heads not aggregated"}
     ours_new = [_sign(*released[col]["holm"][1:]) if released[col]["decision"].final else "?" for col in COLUMNS]
-    ours_v2 = [_sign(*v2_holm[col][1:]) if checks[col][0] != "fails" else "?" for col in COLUMNS]
+    ours_v2 = [_shown_sign(*v2_holm[col][1:], verdict=checks[col][0] != "fails") for col in COLUMNS]
     rows_sign = _thesis_signs()
 
     def agree(ours: list[str], row: str) -> str:
@@ -810,7 +816,8 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
     srow = [("thesis CIFAR10", *rows_sign["CIFAR10"], "–", "–"), ("thesis CIFAR100", *rows_sign["CIFAR100"], "–", "–"),
             ("ours, released code (heads not aggregated; final labels only)", *ours_new, agree(ours_new, "CIFAR10"),
              agree(ours_new, "CIFAR100")),
-            ("ours, heads aggregated (v2 records, Holm over 6; ? where the setting's check, v3's or v5's, fails)",
+            ("ours, heads aggregated (v2 records, Holm over 6; in brackets where the setting's check, v3's or v5's, "
+             "fails)",
              *ours_v2, agree(ours_v2, "CIFAR10"),
              agree(ours_v2, "CIFAR100"))]
 
@@ -853,7 +860,8 @@ def _v3_section(claims: dict[str, dict], recs: list[dict], v2: list[dict], ax, c
         markdown_table(("serving", "seeds", "gain, heads aggregated", "gain, heads not aggregated",
                         "difference (raw 95 % CI)", "difference (Holm over 6)", "Holm interval says"), arow),
         "\n**Sign pattern** of Serving Rate − Equal Weight (+ / − where the Holm interval excludes 0, ? where it "
-        "does not or the claim has no final label yet), against both of Table 5.1's rows:\n",
+        "does not or the claim has no final label yet; in brackets where the setting's check fails: the interval's "
+        "sign, not a verdict, and not counted as agreeing), against both of Table 5.1's rows:\n",
         markdown_table(("", *COLUMNS, "agrees with CIFAR10", "agrees with CIFAR100"), srow),
         "\nPower (protocol v3: planned seeds from v2's paired SDs; here recomputed from each claim's own v3 "
         "records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
@@ -1077,10 +1085,10 @@ def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax
                                                       title_suffix=f", {ROUNDS_V6} rounds")
     _plot_curves(ax, claims, f"protocol v6: {ROUNDS_V6} rounds", colour_by_claim=True)
     by_column = {c["column"]: c for c in claims.values()}
-    ours = [_sign(*by_column[col]["holm"][1:]) if col in by_column and by_column[col]["decision"].final
-            else "–" if col not in by_column else "?" for col in COLUMNS]
+    ours = ["–" if col not in by_column else "?" if by_column[col]["decision"].label == "pending" else
+            _shown_sign(*by_column[col]["holm"][1:], verdict=by_column[col]["decision"].final) for col in COLUMNS]
     srow = [(f"thesis {d}", *signs) for d, signs in _thesis_signs().items()] + [
-        (f"ours, heads aggregated, {ROUNDS_V6} rounds (final labels only)", *ours)]
+        (f"ours, heads aggregated, {ROUNDS_V6} rounds", *ours)]
     lines = [
         "## Results, protocol v6\n",
         f"v2's setting (the exit heads aggregated) at the thesis's number of rounds, **{ROUNDS_V6}** (the cosine "
@@ -1103,8 +1111,8 @@ def _v6_section(claims: dict[str, dict], earlier: dict[str, dict[str, dict]], ax
         *_not_converged(_unsettled(claims), ROUNDS_V6, "v6"),
         _futility_sentence(_futility_v6(claims)),
         f"\n**Sign pattern at {ROUNDS_V6} rounds** of Serving Rate − Equal Weight (+ / − where the Holm interval "
-        "excludes 0, ? where it does not or the claim has no final label yet, – where v6 has no claim), against both "
-        "of Table 5.1's rows:\n",
+        "excludes 0, ? where it does not or the claim is pending, in brackets where the claim reads not converged: "
+        "its interval's sign, not a verdict; – where v6 has no claim), against both of Table 5.1's rows:\n",
         markdown_table(("", *COLUMNS), srow),
         *_accuracy_table(rows),
         "\nPower (v6's records): seeds for 80 % power to resolve the thesis's CIFAR10 gain at the raw 95 % level.\n",
