@@ -437,11 +437,11 @@ def test_v2_labels_of_80_15_5_and_60_30_10_take_the_check_of_v5s_c5_and_c6():
     assert row.endswith("| v2 records before v5: reproduced, convergence not shown |")
 
 
-def test_the_page_marks_v2s_80_15_5_sign_unknown_when_c5_fails_and_lists_v5s_commands(tmp_path):
+def test_the_page_brackets_v2s_80_15_5_sign_when_c5_fails_and_lists_v5s_commands(tmp_path):
     """The whole page from v2 records (80-15-5: +6 pp +- 0.5 pp, seeds 0-9), v3 records (80-15-5 heads not
     aggregated: +2 pp, seeds 0-9) and v5's C5 with Equal Weight 0.6 pp lower at round 18 than at 20 (fails): the
-    sign row of v2's setting reads "(+)" at 80-15-5 (a resolved sign, not a verdict); the ablation still pairs v2's 10 seeds with v3's (v5's seeds
-    200-209 are no v2/v3 pair); the Reproduce section lists v5's planned commands."""
+    sign row of v2's setting reads "(+)" at 80-15-5 (a resolved sign, not a verdict); the ablation still pairs v2's
+    10 seeds with v3's (v5's seeds 200-209 are no v2/v3 pair); the Reproduce section lists v5's planned commands."""
     meta = {"commit": "abc", "dirty": False, "engine": "sequential", "device": "cpu", "torch": "2", "wall_s": 1.0,
             "cpu_s": 1.0}
     recs = []

@@ -293,14 +293,14 @@ def worker(index: int, conn, job: dict, log) -> None:
 
 
 def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers: int, log,
-              done: dict[str, str] | None = None, left: dict[str, list[int]] | None = None,
+              done: dict[str, str] | None = None, to_run: dict[str, list[int]] | None = None,
               s_per_round: float | None = None, commit: str | None = None, probe_rounds: int = PROBE_ROUNDS,
               progress_every_s: float = 30.0) -> dict:
-    """Run the cells not in ``done`` as the module docstring says, each with its seeds in ``left`` (default: every
-    seed of ``seeds``); the final ``cells.json`` content."""
+    """Run the cells not in ``done`` as the module docstring says, each with its seeds in ``to_run`` (default: every
+    seed of ``seeds``; :func:`seeds_left` gives them); the final ``cells.json`` content."""
     out = Path(out)
     done = done or {}
-    left = {name(c): list((left or {}).get(name(c), seeds)) for c in cells if name(c) not in done}
+    to_run = {name(c): list((to_run or {}).get(name(c), seeds)) for c in cells if name(c) not in done}
     rounds = max(int(c.config["rounds"]) for c in cells)
     status: dict[str, dict] = {name(c): ({"state": "done before", "where": done[name(c)]} if name(c) in done
                                          else {"state": "waiting"}) for c in cells}
@@ -316,7 +316,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         write_json(out / "cells.json", summary)
 
     queue = [c for c in cells if name(c) not in done]
-    partial = {n: s for n, s in left.items() if len(s) < len(seeds)}
+    partial = {n: s for n, s in to_run.items() if len(s) < len(seeds)}
     log(f"fedau v2: {len(cells)} cells at {rounds} rounds x {len(seeds)} seeds; {len(done)} done before "
         f"({', '.join(done) or 'none'}); {len(queue)} to run in this order: {', '.join(name(c) for c in queue)}"
         + "".join(f"; {n}: only seeds {s} (the others have records)" for n, s in partial.items()))
@@ -342,7 +342,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         theirs.close()
     next_cell, refused = 0, None
     try:
-        next_cell, refused = _dispatch(queue, left, conns, procs, status, walls, rates, s_per_round, deadline, log,
+        next_cell, refused = _dispatch(queue, to_run, conns, procs, status, walls, rates, s_per_round, deadline, log,
                                        save)
     finally:
         for proc in procs.values():
@@ -359,9 +359,9 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
     return summary
 
 
-def _dispatch(queue, seeds_of, conns, procs, status, walls, rates, s_per_round, deadline, log, save
+def _dispatch(queue, to_run, conns, procs, status, walls, rates, s_per_round, deadline, log, save
               ) -> tuple[int, str | None]:
-    """The parent's loop: hand each free worker the next cell that fits, with its seeds in ``seeds_of``, book what the
+    """The parent's loop: hand each free worker the next cell that fits, with its seeds in ``to_run``, book what the
     workers report; the index of the first cell not handed out, and why it was refused (or ``None``)."""
     next_cell, refused, running = 0, None, {}
     while conns:
@@ -399,9 +399,9 @@ def _dispatch(queue, seeds_of, conns, procs, status, walls, rates, s_per_round, 
                     conn.send(("stop",))
                     del conns[w]
                     continue
-                conn.send(("run", cell, seeds_of[name(cell)]))
+                conn.send(("run", cell, to_run[name(cell)]))
                 estimate = estimate_cell_s(int(cell.config["rounds"]), walls, known)
-                status[name(cell)] = {"state": "running", "worker": w, "seeds": seeds_of[name(cell)],
+                status[name(cell)] = {"state": "running", "worker": w, "seeds": to_run[name(cell)],
                                       "projected_s": None if estimate is None else round(estimate, 1)}
                 running[w] = name(cell)
                 next_cell += 1
