@@ -198,8 +198,8 @@ FULL_TEST_SET = "the full test set"
 #: Images per forward pass when protocol v2 scores the global model. 250 keeps the first conv's activations
 #: (250 x 32 x 28 x 28 floats, 25 MB) near the CPU's caches; at the 2,500 used before 2026-11-29 they were 250 MB and
 #: one evaluation took 1.4-2x as long on this machine's CPU (``benchmarks/bench_eval_chunk.py``). The logits are
-#: bitwise the same at both sizes (checked on the 20 evaluations of 200 rounds of Bernoulli / Average all, seed 0,
-#: whose record the run reproduced), so the records do not depend on it.
+#: bitwise the same at both sizes (checked on the 20 evaluations of 200 rounds of Bernoulli / Average all, seed 0;
+#: its round-200 accuracy matched the seed's record), so the records do not depend on it.
 EVAL_CHUNK = 250
 
 
