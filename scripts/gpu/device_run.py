@@ -152,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         cells = fedau_v2.plan(args.smoke, args.cells)
         seeds = fedau_v2.plan_seeds(args.smoke)
         root = args.records_root or (None if args.smoke else Path(__file__).resolve().parents[2] / "docs" / "results")
-        done = fedau_v2.done_cells(cells, seeds, root, args.done)
+        done, to_run = fedau_v2.record_plan(cells, seeds, root, args.done)
         summary = fedau_v2.run_cells(
             cells, seeds, device=args.device, out=out, deadline=deadline, workers=args.workers, log=log, done=done,
-            to_run=fedau_v2.seeds_left(cells, seeds, root, args.done), s_per_round=args.s_per_round, commit=args.commit,
+            to_run=to_run, s_per_round=args.s_per_round, commit=args.commit,
             probe_rounds=fedau_v2.SMOKE_PROBE_ROUNDS if args.smoke else fedau_v2.PROBE_ROUNDS,
             progress_every_s=args.progress_every_s)
         if any(c["state"] == "failed" for c in summary["cells"].values()):

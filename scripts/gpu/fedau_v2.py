@@ -121,25 +121,31 @@ def _recorded(cells, seeds, records_root: Path | None, done_files=()) -> dict[st
     return found
 
 
-def done_cells(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, str]:
-    """``{name: where}`` for every cell whose ``seeds`` all have a record: the record files under ``records_root``
-    (``docs/results``, where ``scripts/gpu/import_records.py`` writes them; ``None``: none) or the lines of
-    ``done_files``."""
-    done = {}
+def record_plan(cells, seeds, records_root: Path | None, done_files=()) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """``(done, to_run)`` from one read of the records: ``done`` is ``{name: where}`` for every cell whose ``seeds``
+    all have a record, in the record files under ``records_root`` (``docs/results``, where
+    ``scripts/gpu/import_records.py`` writes them; ``None``: none) or in the lines of ``done_files``; ``to_run`` is
+    ``{name: the seeds of seeds, in order, that have no record}`` for every other cell (every seed for a cell with
+    none)."""
+    done, to_run = {}, {}
     for cell_name, (committed, anywhere) in _recorded(cells, seeds, records_root, done_files).items():
         if committed >= set(seeds):
             done[cell_name] = f"records under {records_root}"
         elif anywhere >= set(seeds):
             done[cell_name] = "records in " + ", ".join(str(p) for p in done_files)
-    return done
+        else:
+            to_run[cell_name] = [s for s in seeds if s not in anywhere]
+    return done, to_run
+
+
+def done_cells(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, str]:
+    """The cells whose seeds all have a record, with where: :func:`record_plan`'s ``done``."""
+    return record_plan(cells, seeds, records_root, done_files)[0]
 
 
 def seeds_left(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, list[int]]:
-    """``{name: the seeds of seeds, in order, that have no record}`` for every cell that is not done (every seed for a
-    cell with none); records are looked for as :func:`done_cells` does."""
-    found = _recorded(cells, seeds, records_root, done_files)
-    return {cell_name: [s for s in seeds if s not in anywhere] for cell_name, (_, anywhere) in found.items()
-            if not anywhere >= set(seeds)}
+    """The seeds without a record of every cell that is not done: :func:`record_plan`'s ``to_run``."""
+    return record_plan(cells, seeds, records_root, done_files)[1]
 
 
 def estimate_cell_s(rounds: int, cell_walls: list[float], rates: list[float]) -> float | None:
@@ -297,7 +303,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
               s_per_round: float | None = None, commit: str | None = None, probe_rounds: int = PROBE_ROUNDS,
               progress_every_s: float = 30.0) -> dict:
     """Run the cells not in ``done`` as the module docstring says, each with its seeds in ``to_run`` (default: every
-    seed of ``seeds``; :func:`seeds_left` gives them); the final ``cells.json`` content."""
+    seed of ``seeds``; :func:`record_plan` gives them); the final ``cells.json`` content."""
     out = Path(out)
     done = done or {}
     to_run = {name(c): list((to_run or {}).get(name(c), seeds)) for c in cells if name(c) not in done}
