@@ -129,13 +129,31 @@ def test_a_cell_that_does_not_fit_is_not_started(tmp_path):
 
 def test_the_projection_rule_by_hand():
     cell = fedau.CELLS[0]  # 2,000 rounds
-    assert fedau_v2.estimate_cell_s(2000, [], []) is None  # nothing measured: the cell probes itself
-    assert fedau_v2.estimate_cell_s(2000, [], [0.1, 0.05]) == pytest.approx(0.1 * 2000 * 1.1 + 20)  # 240 s
-    assert fedau_v2.estimate_cell_s(2000, [150.0, 180.0], [0.1]) == pytest.approx(180 * 1.1)  # a whole cell: 198 s
-    assert fedau_v2.refusal(cell, [], [0.1], 241.0) is None
-    assert fedau_v2.refusal(cell, [], [0.1], 239.0).startswith("projected 240 s, 239 s left")
-    assert fedau_v2.refusal(cell, [], [], 100.0) is None
-    assert fedau_v2.refusal(cell, [], [], 20.0) is not None  # under the set-up guess: nothing starts
+    assert fedau_v2.estimate_cell_s(2000, 10, [], []) is None  # nothing measured: the cell probes itself
+    rates = [(10, 0.1), (10, 0.05)]
+    assert fedau_v2.estimate_cell_s(2000, 10, [], rates) == pytest.approx(0.1 * 2000 * 1.1 + 20)  # 240 s
+    walls = [(10, 150.0), (10, 180.0)]
+    assert fedau_v2.estimate_cell_s(2000, 10, walls, [(10, 0.1)]) == pytest.approx(180 * 1.1)  # a whole cell: 198 s
+    assert fedau_v2.refusal(cell, 10, [], [(10, 0.1)], 241.0) is None
+    assert fedau_v2.refusal(cell, 10, [], [(10, 0.1)], 239.0).startswith("projected 240 s, 239 s left")
+    assert fedau_v2.refusal(cell, 10, [], [], 100.0) is None
+    assert fedau_v2.refusal(cell, 10, [], [], 20.0) is not None  # under the set-up guess: nothing starts
+
+
+def test_the_projection_counts_the_seeds_of_the_cell():
+    # The GPU call of 2026-11-29: a 2-seed remainder finished in 110 s (0.054 s a round); the next cells have 10
+    # seeds (0.21-0.22 s a round), 416 s were left. Projecting them from the 2-seed wall (121 s) started seven cells
+    # that each abandoned after 30 rounds.
+    small_wall, given = [(2, 110.0)], [(10, 0.2299), (2, 0.054)]
+    # a measurement on a cell of the same seed count wins, a given rate over a wall of another size: 525.8 s
+    assert fedau_v2.estimate_cell_s(2000, 10, small_wall, given) == pytest.approx(0.2299 * 2000 * 1.1 + 20)
+    assert fedau_v2.refusal(fedau.CELLS[0], 10, small_wall, given, 416.0).startswith("projected 526 s")
+    # nothing of the same size: scaled in proportion to the seeds, 110 s x 10 / 2 x 1.1 = 605 s
+    assert fedau_v2.estimate_cell_s(2000, 10, small_wall, []) == pytest.approx(605.0)
+    # and down: a 10-seed cell of 430 s projects a 2-seed remainder at 430 x 2 / 10 x 1.1 = 94.6 s
+    assert fedau_v2.estimate_cell_s(2000, 2, [(10, 430.0)], [(10, 0.21)]) == pytest.approx(94.6)
+    # a same-size wall beats a same-size rate (the wall includes set-up and evaluations)
+    assert fedau_v2.estimate_cell_s(2000, 2, [(2, 110.0)], [(2, 0.3)]) == pytest.approx(121.0)
 
 
 def test_the_real_plan_runs_every_cell_at_the_protocols_full_horizon():

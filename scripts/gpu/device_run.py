@@ -38,11 +38,11 @@ files, which travel with the working tree)::
 
 then run the same call again: it skips every cell whose 10 records are there and continues with the next in the
 protocol's order. Where the records could not be imported first, copy ``records.jsonl`` into ``.gpu_data/`` and add
-``--done .gpu_data/records.jsonl``. ``cells.json`` gives the seconds per round measured; pass the largest as
-``--s-per-round`` so the first cell is judged before it starts, and ``--workers 2`` once a cell took well under
-half the budget. A call that finished no cell (every cell "abandoned": one cell is longer than a call) says so in
-``cells.json``; then the protocol's horizon does not fit one call on that device, which a later protocol must
-address (this script does not shorten it).
+``--done .gpu_data/records.jsonl``. ``cells.json`` gives the seconds per round measured, as ``[seeds, s]`` pairs;
+pass the largest of a whole cell (10 seeds) as ``--s-per-round`` so the first cell is judged before it starts, and
+``--workers 2`` once a cell took well under half the budget. A call that finished no cell (every cell "abandoned":
+one cell is longer than a call) says so in ``cells.json``; then the protocol's horizon does not fit one call on that
+device, which a later protocol must address (this script does not shorten it).
 
 ``--smoke`` runs the whole path on the CPU, tiny (contract on the CPU; N = 20, 3 rounds, seeds 0-1 and random
 stand-in images for the cells; B1/B2 2 rounds, 2 seeds stacked): 46 CPU-seconds for all three parts and both

@@ -18,8 +18,9 @@ participating, average all or MIFA in one participation pattern, its 10 seeds st
   each take longer and, with nothing measured, may both project past the deadline).
 - **A cell that cannot finish is not started**: before a cell starts, its time is projected from what this call
   measured (the longest finished cell's wall time, x :data:`SAFETY`; before any cell has finished, the measured or
-  ``--s-per-round`` seconds per round x rounds x :data:`SAFETY` + :data:`SETUP_GUESS_S`); when that exceeds the time
-  left, neither it nor any later cell starts. With nothing measured yet, a cell is its own probe: after
+  ``--s-per-round`` seconds per round x rounds x :data:`SAFETY` + :data:`SETUP_GUESS_S`), each measurement taken on a
+  cell with as many seeds as this one, or else scaled to its seeds (:func:`estimate_cell_s`); when that exceeds the
+  time left, neither it nor any later cell starts. With nothing measured yet, a cell is its own probe: after
   ``probe_rounds`` rounds, and at every evaluation after that, it projects its end from its own seconds per round
   (x :data:`SAFETY`, + :data:`TAIL_S`) and stops at once, writing nothing, when that is past the deadline.
 - **Each finished cell is written at once**: its seeds' records, one JSON line per seed, appended to
@@ -148,21 +149,33 @@ def seeds_left(cells, seeds, records_root: Path | None, done_files=()) -> dict[s
     return record_plan(cells, seeds, records_root, done_files)[1]
 
 
-def estimate_cell_s(rounds: int, cell_walls: list[float], rates: list[float]) -> float | None:
-    """Projected seconds of a whole cell: the longest finished cell's wall time x :data:`SAFETY`; else the slowest
-    measured (or given) seconds per round x ``rounds`` x :data:`SAFETY` + :data:`SETUP_GUESS_S`; else ``None``
-    (nothing measured: the cell probes itself)."""
-    if cell_walls:
-        return max(cell_walls) * SAFETY
-    if rates:
-        return max(rates) * rounds * SAFETY + SETUP_GUESS_S
+def estimate_cell_s(rounds: int, seeds: int, cell_walls: list[tuple[int, float]],
+                    rates: list[tuple[int, float]]) -> float | None:
+    """Projected seconds of a whole cell of ``seeds`` stacked seeds, from measurements given as ``(seeds of the
+    measured cell, value)``: the longest finished cell's wall time x :data:`SAFETY`; else the slowest seconds per round
+    x ``rounds`` x :data:`SAFETY` + :data:`SETUP_GUESS_S`; else ``None`` (nothing measured: the cell probes itself).
+
+    Only cells with ``seeds`` seeds count while there are any (walls before rates); otherwise every measurement is
+    scaled to ``seeds`` in proportion. A cell's time grows with its stacked seeds (on the H200: 0.054 s a round for
+    2 seeds, 0.21 for 10), so a 2-seed cell's 110 s says nothing directly about a 10-seed cell, which takes 430 s."""
+    kinds = ((cell_walls, lambda wall_s: wall_s * SAFETY),
+             (rates, lambda rate: rate * rounds * SAFETY + SETUP_GUESS_S))
+    for values, to_seconds in kinds:
+        same = [v for n, v in values if n == seeds]
+        if same:
+            return to_seconds(max(same))
+    for values, to_seconds in kinds:
+        if values:
+            return to_seconds(max(v * seeds / n for n, v in values))
     return None
 
 
-def refusal(cell, cell_walls: list[float], rates: list[float], left_s: float) -> str | None:
-    """Why ``cell`` must not start with ``left_s`` seconds left before the deadline (its projection, by
-    :func:`estimate_cell_s`, does not fit; or less than :data:`SETUP_GUESS_S` is left), or ``None``: it starts."""
-    estimate = estimate_cell_s(int(cell.config["rounds"]), cell_walls, rates)
+def refusal(cell, seeds: int, cell_walls: list[tuple[int, float]], rates: list[tuple[int, float]],
+            left_s: float) -> str | None:
+    """Why ``cell``, run with ``seeds`` stacked seeds, must not start with ``left_s`` seconds left before the deadline
+    (its projection, by :func:`estimate_cell_s`, does not fit; or less than :data:`SETUP_GUESS_S` is left), or
+    ``None``: it starts."""
+    estimate = estimate_cell_s(int(cell.config["rounds"]), seeds, cell_walls, rates)
     if left_s <= SETUP_GUESS_S or (estimate is not None and estimate > left_s):
         projected = "nothing measured" if estimate is None else f"projected {estimate:.0f} s"
         return f"{projected}, {left_s:.0f} s left before the deadline"
@@ -310,8 +323,10 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
     rounds = max(int(c.config["rounds"]) for c in cells)
     status: dict[str, dict] = {name(c): ({"state": "done before", "where": done[name(c)]} if name(c) in done
                                          else {"state": "waiting"}) for c in cells}
-    walls: list[float] = []  # finished cells' wall seconds, this call
-    rates: list[float] = []  # seconds per round measured this call (finished and abandoned cells)
+    walls: list[tuple[int, float]] = []  # (seeds, wall seconds) of the cells finished this call
+    rates: list[tuple[int, float]] = []  # (seeds, seconds per round) measured this call, finished and abandoned
+    given = [(len(seeds), s_per_round)] if s_per_round else []  # --s-per-round is a whole cell's (every seed)
+    # measured_*: [seeds of the cell, value] pairs
     summary = {"protocol": _studies().PROTOCOL, "rounds": rounds, "seeds": list(seeds), "device": device,
                "plan": [name(c) for c in cells], "cells": status, "workers": workers,
                "s_per_round_given": s_per_round, "measured_s_per_round": rates, "measured_cell_wall_s": walls,
@@ -327,7 +342,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         f"({', '.join(done) or 'none'}); {len(queue)} to run in this order: {', '.join(name(c) for c in queue)}"
         + "".join(f"; {n}: only seeds {s} (the others have records)" for n, s in partial.items()))
     save()
-    first = refusal(queue[0], [], [s_per_round] if s_per_round else [], deadline - time.time()) if queue else None
+    first = refusal(queue[0], len(to_run[name(queue[0])]), [], given, deadline - time.time()) if queue else None
     if first:  # judged from --s-per-round alone: no worker is started
         log(f"{name(queue[0])}: not started: {first}")
         for cell in queue:
@@ -348,8 +363,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         theirs.close()
     next_cell, refused = 0, None
     try:
-        next_cell, refused = _dispatch(queue, to_run, conns, procs, status, walls, rates, s_per_round, deadline, log,
-                                       save)
+        next_cell, refused = _dispatch(queue, to_run, conns, procs, status, walls, rates, given, deadline, log, save)
     finally:
         for proc in procs.values():
             proc.join(5.0)
@@ -365,7 +379,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
     return summary
 
 
-def _dispatch(queue, to_run, conns, procs, status, walls, rates, s_per_round, deadline, log, save
+def _dispatch(queue, to_run, conns, procs, status, walls, rates, given, deadline, log, save
               ) -> tuple[int, str | None]:
     """The parent's loop: hand each free worker the next cell that fits, with its seeds in ``to_run``, book what the
     workers report; the index of the first cell not handed out, and why it was refused (or ``None``)."""
@@ -397,8 +411,8 @@ def _dispatch(queue, to_run, conns, procs, status, walls, rates, s_per_round, de
                     del conns[w]
                     continue
                 cell = queue[next_cell]
-                known = rates + ([s_per_round] if s_per_round else [])
-                why = refusal(cell, walls, known, deadline - time.time())
+                known, seeds = rates + given, len(to_run[name(cell)])
+                why = refusal(cell, seeds, walls, known, deadline - time.time())
                 if why:
                     refused = why
                     log(f"{name(cell)}: not started: {why}")
@@ -406,20 +420,20 @@ def _dispatch(queue, to_run, conns, procs, status, walls, rates, s_per_round, de
                     del conns[w]
                     continue
                 conn.send(("run", cell, to_run[name(cell)]))
-                estimate = estimate_cell_s(int(cell.config["rounds"]), walls, known)
+                estimate = estimate_cell_s(int(cell.config["rounds"]), seeds, walls, known)
                 status[name(cell)] = {"state": "running", "worker": w, "seeds": to_run[name(cell)],
                                       "projected_s": None if estimate is None else round(estimate, 1)}
                 running[w] = name(cell)
                 next_cell += 1
             elif kind == "done":
                 status[cell_name] = {"state": "done", **info}
-                walls.append(info["wall_s"])
+                walls.append((len(to_run[cell_name]), info["wall_s"]))
                 if info.get("s_per_round"):
-                    rates.append(info["s_per_round"])
+                    rates.append((len(to_run[cell_name]), info["s_per_round"]))
             elif kind == "abandoned":
                 status[cell_name] = {"state": "abandoned", **info}
                 if info.get("s_per_round"):
-                    rates.append(info["s_per_round"])
+                    rates.append((len(to_run[cell_name]), info["s_per_round"]))
             elif kind == "failed":
                 if cell_name:
                     status[cell_name] = {"state": "failed", **info}
