@@ -150,6 +150,8 @@ def test_the_projection_counts_the_seeds_of_the_cell():
     assert fedau_v2.refusal(fedau.CELLS[0], 10, small_wall, given, 416.0).startswith("projected 526 s")
     # nothing of the same size: scaled in proportion to the seeds, 110 s x 10 / 2 x 1.1 = 605 s
     assert fedau_v2.estimate_cell_s(2000, 10, small_wall, []) == pytest.approx(605.0)
+    # the slowest once scaled: 110 x 10 / 2 = 550 s beats 200 x 10 / 5 = 400 s
+    assert fedau_v2.estimate_cell_s(2000, 10, [(5, 200.0), *small_wall], []) == pytest.approx(605.0)
     # and down: a 10-seed cell of 430 s projects a 2-seed remainder at 430 x 2 / 10 x 1.1 = 94.6 s
     assert fedau_v2.estimate_cell_s(2000, 2, [(10, 430.0)], [(10, 0.21)]) == pytest.approx(94.6)
     # a same-size wall beats a same-size rate (the wall includes set-up and evaluations)
