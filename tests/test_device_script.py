@@ -1,7 +1,7 @@
 """scripts/gpu/device_run.py, the one prepared device call, run on the CPU with ``--smoke`` (N = 20, 3 rounds, seeds
 0-1, random stand-in images; the contract and the bench tiny): the files appear, the contract passes (and fails on a
 divergence), a second call skips the cells and the seeds already done, a cell whose projection does not fit is not
-started, and the real plan runs every cell at the protocol's 2,000 rounds."""
+started or, when some of its seeds fit, runs those, and the real plan runs every cell at the protocol's 2,000 rounds."""
 
 from __future__ import annotations
 
@@ -138,6 +138,34 @@ def test_the_projection_rule_by_hand():
     assert fedau_v2.refusal(cell, 10, [], [(10, 0.1)], 239.0).startswith("projected 240 s, 239 s left")
     assert fedau_v2.refusal(cell, 10, [], [], 100.0) is None
     assert fedau_v2.refusal(cell, 10, [], [], 20.0) is not None  # under the set-up guess: nothing starts
+
+
+def test_a_cell_that_does_not_fit_whole_runs_the_seeds_that_fit():
+    cell = fedau.CELLS[0]  # 2,000 rounds; a 10-seed cell measured at 0.2 s a round
+    rates = [(10, 0.2)]
+    # 10 seeds: 0.2 x 2000 x 1.1 + 20 = 460 s; k seeds, scaled: 44 k + 20 s
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], rates, 461.0) == list(range(10))
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], rates, 459.0) == list(range(9))  # 416 s fits
+    assert fedau_v2.seeds_that_fit(cell, [3, 5, 8], [], rates, 300.0) == [3, 5, 8]  # 152 s: the remainder, whole
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], rates, 200.0) == [0, 1, 2, 3]  # 196 s; 5 take 240
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], rates, 65.0) == [0]  # one seed takes 64 s
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], rates, 63.0) == []
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], [], 100.0) == list(range(10))  # it probes itself
+    assert fedau_v2.seeds_that_fit(cell, list(range(10)), [], [], 20.0) == []  # under the set-up guess
+
+
+def test_a_call_splits_a_cell_that_does_not_fit_by_seeds(tmp_path):
+    # Smoke cells (3 rounds, seeds 0-1) said to take 100 s a round for both seeds: the whole first cell projects to
+    # 100 x 3 x 1.1 + 20 = 350 s, more than the 275 s a 300 s budget leaves; seed 0 alone, 185 s, fits and runs. The
+    # second cell is then judged by the first's one-seed wall (seconds), so its seed 0 runs too; seed 1 of each waits.
+    out = tmp_path / "out"
+    _run(out, "--parts", "fedau", "--s-per-round", "100", "--budget-s", "300", "--cells", *NAMES[:2])
+    cells = json.loads((out / "cells.json").read_text())["cells"]
+    for n in NAMES[:2]:
+        assert cells[n]["state"] == "partly done" and cells[n]["seeds"] == [0] and cells[n]["seeds_left"] == [1]
+    assert [(f"{r['setting']}/{r['method']}", r["seed"], r["seeds_in_run"]) for r in _lines(out / "records.jsonl")
+            ] == [(NAMES[0], 0, 1), (NAMES[1], 0, 1)]
+    assert "seeds [0] run now, [1] wait for the next call" in (out / "log.txt").read_text()
 
 
 def test_the_projection_counts_the_seeds_of_the_cell():

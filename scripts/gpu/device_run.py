@@ -40,9 +40,10 @@ then run the same call again: it skips every cell whose 10 records are there and
 protocol's order. Where the records could not be imported first, copy ``records.jsonl`` into ``.gpu_data/`` and add
 ``--done .gpu_data/records.jsonl``. ``cells.json`` gives the seconds per round measured, as ``[seeds, s]`` pairs;
 pass the largest of a whole cell (10 seeds) as ``--s-per-round`` so the first cell is judged before it starts, and
-``--workers 2`` once a cell took well under half the budget. A call that finished no cell (every cell "abandoned":
-one cell is longer than a call) says so in ``cells.json``; then the protocol's horizon does not fit one call on that
-device, which a later protocol must address (this script does not shorten it).
+``--workers 2`` once a cell took well under half the budget. A cell longer than a call runs as many of its seeds as
+fit, and the next call the others (``fedau_v2.seeds_that_fit``). A call that finished nothing (every cell
+"abandoned": not even one seed fits a call) says so in ``cells.json``; then the protocol's horizon does not fit one
+call on that device, which a later protocol must address (this script does not shorten it).
 
 ``--smoke`` runs the whole path on the CPU, tiny (contract on the CPU; N = 20, 3 rounds, seeds 0-1 and random
 stand-in images for the cells; B1/B2 2 rounds, 2 seeds stacked): 46 CPU-seconds for all three parts and both

@@ -19,14 +19,17 @@ participating, average all or MIFA in one participation pattern, its 10 seeds st
 - **A cell that cannot finish is not started**: before a cell starts, its time is projected from what this call
   measured (the longest finished cell's wall time, x :data:`SAFETY`; before any cell has finished, the measured or
   ``--s-per-round`` seconds per round x rounds x :data:`SAFETY` + :data:`SETUP_GUESS_S`), each measurement taken on a
-  cell with as many seeds as this one, or else scaled to its seeds (:func:`estimate_cell_s`); when that exceeds the
-  time left, neither it nor any later cell starts. With nothing measured yet, a cell is its own probe: after
+  cell with as many seeds as this one, or else scaled to its seeds (:func:`estimate_cell_s`). When the whole cell
+  does not fit the time left, the most of its seeds that do fit run, stacked (:func:`seeds_that_fit`; each seed's
+  record stands alone, and the next call runs the others): a cell longer than a call (MIFA's 10 seeds take about
+  790 s on the H200) is split over calls by seeds, never shortened in rounds. When not even one seed fits, neither
+  the cell nor any later cell starts. With nothing measured yet, a cell is its own probe: after
   ``probe_rounds`` rounds, and at every evaluation after that, it projects its end from its own seconds per round
   (x :data:`SAFETY`, + :data:`TAIL_S`) and stops at once, writing nothing, when that is past the deadline.
 - **Each finished cell is written at once**: its seeds' records, one JSON line per seed, appended to
   ``$OUT/records.jsonl`` (the studies' record keys; ``device`` the GPU's name); ``$OUT/cells.json`` holds every
-  cell's state (done before / done / abandoned / not started / failed, with times and seconds per round) and is
-  rewritten after every event, so a stopped call leaves it current.
+  cell's state (done before / done / partly done / abandoned / not started / failed, with times and seconds per
+  round) and is rewritten after every event, so a stopped call leaves it current.
 """
 
 from __future__ import annotations
@@ -180,6 +183,16 @@ def refusal(cell, seeds: int, cell_walls: list[tuple[int, float]], rates: list[t
         projected = "nothing measured" if estimate is None else f"projected {estimate:.0f} s"
         return f"{projected}, {left_s:.0f} s left before the deadline"
     return None
+
+
+def seeds_that_fit(cell, seeds: list[int], cell_walls: list[tuple[int, float]], rates: list[tuple[int, float]],
+                   left_s: float) -> list[int]:
+    """The first of ``seeds`` (all of them, or as many as fit, at least one) that ``cell`` can run, stacked, in
+    ``left_s`` seconds by :func:`refusal`; ``[]`` when not even one seed fits."""
+    for count in range(len(seeds), 0, -1):
+        if refusal(cell, count, cell_walls, rates, left_s) is None:
+            return list(seeds[:count])
+    return []
 
 
 def append_jsonl(path: Path, lines: list[str]) -> None:
@@ -342,8 +355,11 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
         f"({', '.join(done) or 'none'}); {len(queue)} to run in this order: {', '.join(name(c) for c in queue)}"
         + "".join(f"; {n}: only seeds {s} (the others have records)" for n, s in partial.items()))
     save()
-    first = refusal(queue[0], len(to_run[name(queue[0])]), [], given, deadline - time.time()) if queue else None
-    if first:  # judged from --s-per-round alone: no worker is started
+    left_s = deadline - time.time()
+    first = None
+    if queue and not seeds_that_fit(queue[0], to_run[name(queue[0])], [], given, left_s):
+        first = f"{refusal(queue[0], len(to_run[name(queue[0])]), [], given, left_s)} (not even one seed fits)"
+    if first:  # judged from --s-per-round alone: not even one seed fits, so no worker is started
         log(f"{name(queue[0])}: not started: {first}")
         for cell in queue:
             status[name(cell)] = {"state": "not started", "why": first}
@@ -381,9 +397,10 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
 
 def _dispatch(queue, to_run, conns, procs, status, walls, rates, given, deadline, log, save
               ) -> tuple[int, str | None]:
-    """The parent's loop: hand each free worker the next cell that fits, with its seeds in ``to_run``, book what the
-    workers report; the index of the first cell not handed out, and why it was refused (or ``None``)."""
+    """The parent's loop: hand each free worker the next cell with its seeds in ``to_run`` (as many as fit), book what
+    the workers report; the index of the first cell not handed out, and why it was refused (or ``None``)."""
     next_cell, refused, running = 0, None, {}
+    handed: dict[str, list[int]] = {}  # the seeds each cell was given this call
     while conns:
         left = deadline + GRACE_S - time.time()
         ready = wait(list(conns.values()), timeout=max(0.0, left))
@@ -411,29 +428,37 @@ def _dispatch(queue, to_run, conns, procs, status, walls, rates, given, deadline
                     del conns[w]
                     continue
                 cell = queue[next_cell]
-                known, seeds = rates + given, len(to_run[name(cell)])
-                why = refusal(cell, seeds, walls, known, deadline - time.time())
-                if why:
-                    refused = why
-                    log(f"{name(cell)}: not started: {why}")
+                known, left_s, wanted = rates + given, deadline - time.time(), to_run[name(cell)]
+                chunk = seeds_that_fit(cell, wanted, walls, known, left_s)
+                if not chunk:
+                    refused = f"{refusal(cell, len(wanted), walls, known, left_s)} (not even one seed fits)"
+                    log(f"{name(cell)}: not started: {refused}")
                     conn.send(("stop",))
                     del conns[w]
                     continue
-                conn.send(("run", cell, to_run[name(cell)]))
-                estimate = estimate_cell_s(int(cell.config["rounds"]), seeds, walls, known)
-                status[name(cell)] = {"state": "running", "worker": w, "seeds": to_run[name(cell)],
+                conn.send(("run", cell, chunk))
+                handed[name(cell)] = chunk
+                estimate = estimate_cell_s(int(cell.config["rounds"]), len(chunk), walls, known)
+                status[name(cell)] = {"state": "running", "worker": w, "seeds": chunk,
                                       "projected_s": None if estimate is None else round(estimate, 1)}
+                if len(chunk) < len(wanted):
+                    whole = refusal(cell, len(wanted), walls, known, left_s)
+                    status[name(cell)]["seeds_left"] = wanted[len(chunk):]
+                    log(f"{name(cell)}: the whole cell does not fit ({whole}); seeds {chunk} run now, "
+                        f"{wanted[len(chunk):]} wait for the next call")
                 running[w] = name(cell)
                 next_cell += 1
             elif kind == "done":
-                status[cell_name] = {"state": "done", **info}
-                walls.append((len(to_run[cell_name]), info["wall_s"]))
+                chunk, wanted = handed[cell_name], to_run[cell_name]
+                status[cell_name] = {"state": "done", **info} if len(chunk) == len(wanted) else {
+                    "state": "partly done", "seeds": chunk, "seeds_left": wanted[len(chunk):], **info}
+                walls.append((len(chunk), info["wall_s"]))
                 if info.get("s_per_round"):
-                    rates.append((len(to_run[cell_name]), info["s_per_round"]))
+                    rates.append((len(chunk), info["s_per_round"]))
             elif kind == "abandoned":
                 status[cell_name] = {"state": "abandoned", **info}
                 if info.get("s_per_round"):
-                    rates.append((len(to_run[cell_name]), info["s_per_round"]))
+                    rates.append((len(handed[cell_name]), info["s_per_round"]))
             elif kind == "failed":
                 if cell_name:
                     status[cell_name] = {"state": "failed", **info}
