@@ -89,11 +89,11 @@ def test_a_second_call_skips_the_cells_and_the_seeds_already_done(smoke, tmp_pat
     assert [(f"{r['setting']}/{r['method']}", r["seed"], r["seeds_in_run"]) for r in _lines(out / "records.jsonl")
             ] == [(NAMES[9], 1, 1)]
     assert cells[NAMES[9]]["state"] == "done"
-    assert fedau_v2.seeds_left(fedau_v2.plan(smoke=True), (0, 1), root, [done]) == {NAMES[9]: [1]}
+    assert fedau_v2.record_plan(fedau_v2.plan(smoke=True), (0, 1), root, [done])[1] == {NAMES[9]: [1]}
     assert not (out / "contract.json").exists() and not (out / "bench.json").exists()  # --parts fedau
 
 
-def test_seeds_left_names_each_cells_seeds_without_a_record_at_its_configuration(tmp_path):
+def test_record_plan_names_each_cells_seeds_without_a_record_at_its_configuration(tmp_path):
     # Smoke cells (N = 20, 3 rounds), seeds 0-2. Cell 0: every seed in the --done file -> done, nothing left. Cell 1:
     # seed 1 committed under the root, seed 2 in the --done file, seed 0 only at another horizon (2,000 rounds,
     # which is not the cell's) -> seed 0 left. Every other cell: no record -> all three, in order.
@@ -111,9 +111,9 @@ def test_seeds_left_names_each_cells_seeds_without_a_record_at_its_configuration
     done = tmp_path / "done.jsonl"
     done.write_text("".join(json.dumps(r) + "\n" for r in [rec(cells[0], 0), rec(cells[0], 1), rec(cells[0], 2),
                                                            rec(cells[1], 2)]))
-    left = fedau_v2.seeds_left(cells, (0, 1, 2), root, [done])
+    done_cells, left = fedau_v2.record_plan(cells, (0, 1, 2), root, [done])
     assert left == {names[1]: [0], **{n: [0, 1, 2] for n in names[2:]}}
-    assert fedau_v2.done_cells(cells, (0, 1, 2), root, [done]) == {names[0]: f"records in {done}"}
+    assert done_cells == {names[0]: f"records in {done}"}
 
 
 def test_a_cell_that_does_not_fit_is_not_started(tmp_path):

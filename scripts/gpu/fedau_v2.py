@@ -142,16 +142,6 @@ def record_plan(cells, seeds, records_root: Path | None, done_files=()) -> tuple
     return done, to_run
 
 
-def done_cells(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, str]:
-    """The cells whose seeds all have a record, with where: :func:`record_plan`'s ``done``."""
-    return record_plan(cells, seeds, records_root, done_files)[0]
-
-
-def seeds_left(cells, seeds, records_root: Path | None, done_files=()) -> dict[str, list[int]]:
-    """The seeds without a record of every cell that is not done: :func:`record_plan`'s ``to_run``."""
-    return record_plan(cells, seeds, records_root, done_files)[1]
-
-
 def estimate_cell_s(rounds: int, seeds: int, cell_walls: list[tuple[int, float]],
                     rates: list[tuple[int, float]]) -> float | None:
     """Projected seconds of a whole cell of ``seeds`` stacked seeds, from measurements given as ``(seeds of the
@@ -193,6 +183,12 @@ def seeds_that_fit(cell, seeds: list[int], cell_walls: list[tuple[int, float]], 
         if refusal(cell, count, cell_walls, rates, left_s) is None:
             return list(seeds[:count])
     return []
+
+
+def nothing_fits(cell, seeds: list[int], cell_walls: list[tuple[int, float]], rates: list[tuple[int, float]],
+                 left_s: float) -> str:
+    """Why not even one of ``seeds`` starts (when :func:`seeds_that_fit` gives ``[]``): the whole cell's refusal."""
+    return f"{refusal(cell, len(seeds), cell_walls, rates, left_s)} (not even one seed fits)"
 
 
 def append_jsonl(path: Path, lines: list[str]) -> None:
@@ -358,7 +354,7 @@ def run_cells(cells, seeds, *, device: str, out: Path, deadline: float, workers:
     left_s = deadline - time.time()
     first = None
     if queue and not seeds_that_fit(queue[0], to_run[name(queue[0])], [], given, left_s):
-        first = f"{refusal(queue[0], len(to_run[name(queue[0])]), [], given, left_s)} (not even one seed fits)"
+        first = nothing_fits(queue[0], to_run[name(queue[0])], [], given, left_s)
     if first:  # judged from --s-per-round alone: not even one seed fits, so no worker is started
         log(f"{name(queue[0])}: not started: {first}")
         for cell in queue:
@@ -431,7 +427,7 @@ def _dispatch(queue, to_run, conns, procs, status, walls, rates, given, deadline
                 known, left_s, wanted = rates + given, deadline - time.time(), to_run[name(cell)]
                 chunk = seeds_that_fit(cell, wanted, walls, known, left_s)
                 if not chunk:
-                    refused = f"{refusal(cell, len(wanted), walls, known, left_s)} (not even one seed fits)"
+                    refused = nothing_fits(cell, wanted, walls, known, left_s)
                     log(f"{name(cell)}: not started: {refused}")
                     conn.send(("stop",))
                     del conns[w]
