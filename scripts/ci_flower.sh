@@ -13,6 +13,8 @@ VENV=.venv-flower
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[flower] creating $VENV"
   "$PYTHON" -m venv "$VENV"
+  # PyTorch's family (5.5 GB) is linked from .venv, whose pins are the same, not installed a second time
+  .venv/bin/python scripts/share_torch.py "$VENV"
 fi
 
 # constraints.txt less every package that constraints-flower.txt names, then constraints-flower.txt.
