@@ -28,10 +28,6 @@ from pathlib import Path
 HEAVY = re.compile(r"^(torch|torchvision|triton|nvidia-.+|cuda-.+)$")
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def family_entries(site: Path) -> set[str]:
     """Top-level names in ``site`` (package folders, modules, ``.dist-info`` folders) of PyTorch's family.
 
@@ -40,8 +36,9 @@ def family_entries(site: Path) -> set[str]:
     which the target installs itself, nor an ``nvidia-*`` package that only something else asks for.
     """
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
-    dists = {_normalize(d.metadata["Name"]): d for d in importlib.metadata.distributions(path=[str(site)])}
+    dists = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions(path=[str(site)])}
     todo, seen = [("torch", frozenset()), ("torchvision", frozenset())], set()
     while todo:
         name, extras = todo.pop()
@@ -52,7 +49,7 @@ def family_entries(site: Path) -> set[str]:
             requirement = Requirement(line)
             wanted = requirement.marker is None or any(
                 requirement.marker.evaluate({"extra": extra}) for extra in extras | {""})
-            dependency = _normalize(requirement.name)
+            dependency = canonicalize_name(requirement.name)
             if wanted and HEAVY.match(dependency):
                 todo.append((dependency, frozenset(requirement.extras)))
     entries: set[str] = set()
