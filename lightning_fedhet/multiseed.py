@@ -42,15 +42,28 @@ schedulers, seeds whose modules or optimizer settings differ, ``FedHetDDPStrateg
 callbacks, loggers, checkpoints and precision plugins of a training ``Trainer`` (there is none); ``self.trainer``
 inside ``training_step``.
 Dropout draws differ from the single-seed runs (as between the vmap and sequential engines).
+
+Resuming: with ``checkpoint=PATH``, every ``checkpoint_every`` rounds the whole state of the run (every seed's module,
+server, rule state, participation process and data streams, the optimizer, the schedulers, the rounds done, the
+evaluations so far and the global random generators) is written to ``PATH`` (atomically: a kill leaves the previous
+checkpoint), and a call that finds ``PATH`` continues after its last round. The resumed run equals the uninterrupted
+one bit for bit on the same machine and code (the tests check it); ``checkpoint_key`` (e.g. the commit and the
+processor) makes a call refuse a checkpoint written under another key. A checkpoint is a pickle: load only your own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch import seed_everything
 from torch import Tensor
@@ -86,6 +99,9 @@ class SeedRun:
             trained, NaN if none) and every value ``training_step`` logged with ``self.log``, reduced over the round's
             client steps as its ``reduce_fx`` asks (the mean by default).
         evals: ``(round, metrics)`` pairs returned by ``evaluate`` (``round`` counts completed rounds, 1-based).
+        resumed: ``None`` when the run went from round 0 in this call; else ``{"from_rounds": [r, ...], "wall_s",
+            "cpu_s"}``: the rounds done when each resume found its checkpoint, and the wall and CPU seconds the
+            earlier calls spent on the rounds the last checkpoint holds (the whole stacked run, all seeds together).
     """
 
     seed: int
@@ -95,6 +111,7 @@ class SeedRun:
     flat: FlatModel
     metrics: list[dict] = dataclasses.field(default_factory=list)
     evals: list[tuple[int, dict]] = dataclasses.field(default_factory=list)
+    resumed: dict | None = None
 
     @property
     def history(self) -> list[dict]:
@@ -122,6 +139,9 @@ def fit_seeds(
     eval_every: int | None = None,
     evaluate: Evaluate | None = None,
     device: str | torch.device = "cpu",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 100,
+    checkpoint_key: Mapping[str, Any] | None = None,
 ) -> list[SeedRun]:
     """Train ``rounds`` rounds of every seed's federation at once (see the module docstring).
 
@@ -139,6 +159,13 @@ def fit_seeds(
             ``round`` rounds (1-based); e.g. ``Trainer(...).validate(module, datamodule)[0]``. It may change nothing
             that training uses (the module's state is restored from the server afterwards anyway).
         device: where the modules and the cohort train.
+        checkpoint: a file to write the run's state to every ``checkpoint_every`` rounds (after that round's
+            evaluation; not after the last round), and to resume from when it exists at the call (``build`` is still
+            called for every seed, so its side effects happen; the checkpoint's modules and servers replace what it
+            made). ``None``: no checkpoint. The caller removes the file once the results are safe.
+        checkpoint_every: rounds between checkpoints, ``>= 1``.
+        checkpoint_key: what must match for a resume (JSON-able; e.g. the code's commit, the processor); a
+            checkpoint written under another key, seeds, rounds or ``eval_every`` is refused with a ``ValueError``.
 
     Returns:
         One :class:`SeedRun` per seed, in the order of ``seeds``.
@@ -151,7 +178,9 @@ def fit_seeds(
     rounds = check_int(rounds, "rounds", 1)
     if eval_every is not None:
         eval_every = check_int(eval_every, "eval_every", 1)
+    checkpoint_every = check_int(checkpoint_every, "checkpoint_every", 1)
     device = torch.device(device)
+    started = (time.perf_counter(), time.process_time())
     runs, optimizers, schedulers = [], [], []
     for seed in seeds:
         run, optimizer, scheduler_configs = _build_seed(build, seed, device)
@@ -159,7 +188,16 @@ def fit_seeds(
         optimizers.append(optimizer)
         schedulers.append(scheduler_configs)
     _check_same_configuration(runs, optimizers)
-    carrier, optimizer, epoch_schedulers = runs[0].module, optimizers[0], schedulers[0]
+    optimizer, epoch_schedulers = optimizers[0], schedulers[0]
+    identity = {"seeds": seeds, "rounds": rounds, "eval_every": eval_every, "key": _canonical(checkpoint_key)}
+    first, prior = 0, {"wall_s": 0.0, "cpu_s": 0.0}
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = _load_checkpoint(Path(checkpoint), identity, device)
+        runs, optimizer, epoch_schedulers, first = state["runs"], state["optimizer"], state["schedulers"], state["done"]
+        prior = state["elapsed"]
+        for run in runs:
+            run.resumed = {"from_rounds": [*state["resumed_at"], first], **prior}
+    carrier = runs[0].module
     layout = StateLayout(carrier)
     # None: engine="auto" (the default) left compiling to its per-fit choice, which a stacked run does not make
     compile = runs[0].strategy.compile or False
@@ -173,7 +211,7 @@ def fit_seeds(
         apply_client_config(carrier, algorithm, config)
 
     carrier.train()
-    for t in range(rounds):
+    for t in range(first, rounds):
         members = []
         for run in runs:
             server = run.server
@@ -209,9 +247,68 @@ def fit_seeds(
             for run in runs:
                 run.evals.append((done, evaluate(run.load_global(), run.seed, done)))
                 carrier.train()
+        if checkpoint is not None and done % checkpoint_every == 0 and done < rounds:
+            elapsed = {"wall_s": prior["wall_s"] + time.perf_counter() - started[0],
+                       "cpu_s": prior["cpu_s"] + time.process_time() - started[1]}
+            resumed_at = runs[0].resumed["from_rounds"] if runs[0].resumed else []
+            _save_checkpoint(Path(checkpoint), {**identity, "format": _CHECKPOINT_FORMAT, "done": done, "runs": runs,
+                                                "optimizer": optimizer, "schedulers": epoch_schedulers,
+                                                "elapsed": elapsed, "resumed_at": resumed_at,
+                                                "rng": _rng_state(device)})
     for run in runs:
         run.load_global()
     return runs
+
+
+_CHECKPOINT_FORMAT = 1
+
+
+def _canonical(key: Mapping[str, Any] | None) -> str:
+    """``key`` as one JSON text (sorted keys), so that a key read back from a checkpoint compares equal."""
+    return json.dumps(dict(key or {}), sort_keys=True, default=str)
+
+
+def _rng_state(device: torch.device) -> dict:
+    """The global random generators a round may draw from (torch's, CUDA's on a CUDA device, NumPy's, Python's)."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    """Write ``state`` to ``path`` through a temporary file and a rename: a kill mid-write keeps the last checkpoint.
+    One ``torch.save`` keeps the objects' sharing (the optimizer holds the first seed's parameters)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
+def _load_checkpoint(path: Path, identity: dict, device: torch.device) -> dict:
+    """The state at ``path``, its global random generators restored; refused unless written by the same run."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except Exception as error:  # a truncated or foreign file: say which, and how to start afresh
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(error).__name__}: {error}); "
+                         "delete it to start the run from round 0") from error
+    if not isinstance(state, dict) or state.get("format") != _CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {str(path)!r} is not a fit_seeds checkpoint of format {_CHECKPOINT_FORMAT}; "
+                         "delete it to start the run from round 0")
+    for name, value in identity.items():
+        if state.get(name) != value:
+            raise ValueError(f"checkpoint {str(path)!r} was written by another run: its {name} is {state.get(name)!r}, "
+                             f"this call's is {value!r}; delete it to start the run from round 0")
+    _set_rng_state(state["rng"])
+    return state
 
 
 def _build_seed(build: Build, seed: int, device: torch.device) -> tuple[SeedRun, torch.optim.Optimizer, list]:

@@ -2,6 +2,7 @@
 
     python scripts/reproduce.py list                                   # studies, protocols, cells, records so far
     python scripts/reproduce.py run cafed --seeds 0-9 [--methods CA-Fed AdaFed] [--settings synthetic]
+    python scripts/reproduce.py run fedau --seeds 2 --checkpoint-dir ~/fedau-checkpoints   # a killed run resumes
     python scripts/reproduce.py report                                 # docs/results/ from the records
     python scripts/reproduce.py check                                  # exit 1 if a committed page differs
     python scripts/reproduce.py check --rerun                          # ... or a canary cell drifted at HEAD
@@ -20,6 +21,8 @@ scripts/studies/<name>.py``. See ``docs/experiments.md`` for the record format a
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import sys
 
 # `python scripts/reproduce.py` puts scripts/ first on sys.path, which makes the package `studies` importable
@@ -35,6 +38,19 @@ from lightning_fedhet.experiments import (
     write_canary,
 )
 
+#: studies whose ``run`` and ``run_seeds`` take ``checkpoint_dir`` (their seeds train through
+#: ``lightning_fedhet.multiseed.fit_seeds``, which can write its state and resume bit for bit)
+RESUMABLE = ("fedau",)
+
+
+def with_checkpoints(study, folder: str):
+    """``study`` whose runs write checkpoints under ``folder`` and resume from them (see ``RESUMABLE``)."""
+    if study.name not in RESUMABLE:
+        raise SystemExit(f"--checkpoint-dir: {study.name}'s runs cannot resume (they do not train through "
+                         f"multiseed.fit_seeds); studies that can: {', '.join(RESUMABLE)}")
+    return dataclasses.replace(study, run=functools.partial(study.run, checkpoint_dir=folder),
+                               run_seeds=functools.partial(study.run_seeds, checkpoint_dir=folder))
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--settings", nargs="+", default=None, help="only these settings (default: all)")
     run.add_argument("--one-seed-at-a-time", action="store_true",
                      help="do not batch seeds into one run even where the study can")
+    run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                     help=f"write each run's state to DIR every so many rounds and resume a killed run from it "
+                          f"(same commit, processor and device; {', '.join(RESUMABLE)} only); a finished run "
+                          "removes its file")
     sub.add_parser("report", help="regenerate every page and figure of docs/results/ from the records")
     chk = sub.add_parser("check", help="exit 1 when a committed page or figure differs from the records")
     chk.add_argument("--rerun", action="store_true",
@@ -61,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "run":
         study = _repo.load(args.study)
+        if args.checkpoint_dir is not None:
+            study = with_checkpoints(study, args.checkpoint_dir)
         result = run_study(study, seeds=parse_seeds(args.seeds, study.seeds), methods=args.methods,
                            settings=args.settings, backend="in-process" if args.one_seed_at_a_time else "auto",
                            progress=False)

@@ -4,6 +4,7 @@ and protocol v2's stacked-seed run (on the CPU here; its cells run on a GPU or, 
 
 import numpy as np
 import pytest
+import torch
 from studies import fedau
 
 from lightning_fedhet.experiments import Cell
@@ -143,3 +144,58 @@ def test_an_unresolved_drift_keeps_the_verdict_and_a_quiet_cell_is_converged():
     quiet = _bernoulli_minus_2pp(lambda s: 0.004)
     assert fedau.cell_drift(quiet, "bernoulli", "FedAU (K=50)").state == "converged"
     assert fedau.cell_drift(quiet, "cyclic", "MIFA") is None
+
+
+class _Killed(RuntimeError):
+    """Stands for the process being killed at an evaluation."""
+
+
+def test_a_v2_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(tmp_path):
+    # `reproduce.py run fedau --checkpoint-dir DIR`: a CPU run writes its state every `checkpoint_every` rounds; a
+    # later call continues from the last one and makes the record the uninterrupted run makes (timing and `resumed`
+    # aside), then removes the file. The run is "killed" by its progress callback at round 6's evaluation, after
+    # the checkpoint of round 4.
+    cell = Cell("cyclic", "MIFA", {**next(c.config for c in fedau.CELLS if c.method == "MIFA"), "num_clients": 20,
+                                   "rounds": 8, "eval_every": 2, "synthetic_data": True})
+    whole = fedau.run_seeds(cell, [0, 1], device="cpu")
+    assert not any("resumed" in out for out in whole)
+
+    def kill_at_6(seconds, done):
+        if done == 6:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        fedau.run_seeds(cell, [0, 1], device="cpu", progress=kill_at_6, checkpoint_dir=tmp_path, checkpoint_every=4)
+    (saved,) = (tmp_path / "fedau" / fedau.PROTOCOL).iterdir()
+    assert saved.name == "cyclic-mifa-seeds-0-1-8-rounds.pt"
+    elapsed = torch.load(saved, weights_only=False)["elapsed"]
+    resumed = fedau.run_seeds(cell, [0, 1], device="cpu", checkpoint_dir=tmp_path, checkpoint_every=4)
+    for out, alone in zip(resumed, whole):
+        # the earlier process's seconds, shared between the two seeds
+        assert out["resumed"] == {"from_rounds": [4], "wall_s": round(elapsed["wall_s"] / 2, 2),
+                                  "cpu_s": round(elapsed["cpu_s"] / 2, 2)}
+        assert {k: v for k, v in out.items() if k != "resumed"} == alone  # metrics, p, checksum: bit for bit
+    assert not saved.exists()
+    # through the runner: the record counts the earlier process's seconds and says where it resumed
+    from lightning_fedhet.experiments.backends import Task, execute
+
+    study = fedau.STUDY
+    with pytest.raises(_Killed):
+        fedau.run_seeds(cell, [0], device="cpu", progress=kill_at_6, checkpoint_dir=tmp_path, checkpoint_every=4)
+    earlier = torch.load(saved.with_name("cyclic-mifa-seeds-0-8-rounds.pt"), weights_only=False)["elapsed"]["cpu_s"]
+    import dataclasses
+    import functools
+
+    resumable = dataclasses.replace(study, run=functools.partial(fedau.run_cell, checkpoint_dir=tmp_path))
+    (result,) = execute(resumable, Task(cell, (0,), stacked=False))
+    assert result["resumed"]["from_rounds"] == [4] and result["cpu_s"] >= round(earlier, 2)
+
+
+def test_checkpoints_are_for_the_resumable_studies_and_v2_cells_only(tmp_path):
+    import reproduce
+
+    with pytest.raises(SystemExit, match="cafed's runs cannot resume .* studies that can: fedau"):
+        reproduce.with_checkpoints(reproduce._repo.load("cafed"), str(tmp_path))
+    v1 = fedau.V1_CELLS[0]
+    with pytest.raises(ValueError, match="protocol v1's cells run through Trainer.fit and cannot resume"):
+        fedau.run_cell(v1, 0, checkpoint_dir=tmp_path)

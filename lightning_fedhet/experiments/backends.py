@@ -64,7 +64,9 @@ def execute(study: Study, task: Task) -> list[dict]:
     """Run ``task`` in this process with ``study.threads`` torch threads; one result per seed, each with the keys
     that describe where and how long it ran (``device, torch, python, threads, wall_s, cpu_s, seeds_in_run``).
 
-    The wall and CPU time of a stacked run are shared equally among its seeds.
+    The wall and CPU time of a stacked run are shared equally among its seeds. A result that continued a run an
+    earlier process had begun (``result["resumed"] = {"from_rounds": [...], "wall_s", "cpu_s"}``, the earlier
+    processes' seconds for that seed) gets them added, so that its record counts the whole run.
     """
     import torch
 
@@ -88,8 +90,10 @@ def execute(study: Study, task: Task) -> list[dict]:
         if not isinstance(result, dict) or "metrics" not in result or "engine" not in result:
             raise TypeError(f"{study.name} {task.cell.name}: a run must return a dict with 'metrics' and 'engine', "
                             f"got {result if not isinstance(result, dict) else sorted(result)}")
+        earlier = result.get("resumed") or {}
         out.append({**result, **where, "device": result.get("device") or where["device"],
-                    "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "seeds_in_run": n})
+                    "wall_s": round(wall + earlier.get("wall_s", 0.0), 2),
+                    "cpu_s": round(cpu + earlier.get("cpu_s", 0.0), 2), "seeds_in_run": n})
     return out
 
 

@@ -8,7 +8,10 @@ A record lives at ``<root>/records/<study>/<protocol>/<setting>/<method>/seed<k>
 ``wall_s, cpu_s, seeds_in_run`` (how long it took, and with how many seeds it shared one stacked run).
 
 The last three (:data:`TIMING_KEYS`) depend on the machine's load and on how the seeds were scheduled; every other
-key is the same whichever backend ran the record (:func:`result_of` drops them for comparisons). A run that failed
+key is the same whichever backend ran the record (:func:`result_of` drops them for comparisons). A run that
+continued from a checkpoint (:func:`lightning_fedhet.multiseed.fit_seeds`) also has ``resumed``
+(``{"from_rounds": [...], "wall_s", "cpu_s"}``: the rounds it resumed at and the earlier processes' seconds, which
+``wall_s`` and ``cpu_s`` include); it is scheduling too, and :func:`result_of` drops it. A run that failed
 after its retries leaves ``failed-seed<k>.json`` beside where its record would be (never matched by ``seed*.json``)
 with the error, and is tried again by the next ``run``.
 """
@@ -98,7 +101,7 @@ def _jsonable(value: Any) -> Any:
 
 def result_of(record: Record) -> Record:
     """``record`` without :data:`TIMING_KEYS`: what two runs of the same (cell, seed) must agree on bit for bit."""
-    return {k: v for k, v in record.items() if k not in TIMING_KEYS}
+    return {k: v for k, v in record.items() if k not in TIMING_KEYS and k != "resumed"}
 
 
 def first_difference(a: Any, b: Any, where: str = "") -> str:

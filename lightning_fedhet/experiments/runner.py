@@ -77,6 +77,8 @@ def make_record(study: Study, cell: Cell, seed: int, result: dict, code: dict) -
     }
     if result.get("data_checksum"):
         record["data_checksum"] = result["data_checksum"]
+    if result.get("resumed"):  # the run continued from a checkpoint: where, and the earlier processes' seconds
+        record["resumed"] = result["resumed"]
     return record
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from lightning_fedhet.experiments import (
     save_figure,
     verdict_for_gain,
 )
+from lightning_fedhet.experiments.records import code_version, cpu_identity, describe_device, slug
 from lightning_fedhet.participation import Bernoulli, Cyclic, LabelCorrelated, Markov
 
 from . import _repo, _train, _v3
@@ -169,12 +171,16 @@ def algorithm(method: str, c: dict):
 
 
 # ------------------------------------------------------------------------------------------------------------- run
-def run_cell(cell, seed: int) -> dict:
+def run_cell(cell, seed: int, checkpoint_dir: str | Path | None = None) -> dict:
     """Train one (pattern, method) for one seed: test accuracy per evaluation, arrivals per round, the drawn p_n.
-    Protocol v2's cells (full test set evaluations) go through :func:`run_seeds`."""
+    Protocol v2's cells (full test set evaluations) go through :func:`run_seeds` (``checkpoint_dir`` as there);
+    protocol v1's cells cannot resume."""
     c = cell.config
     if c.get("eval_on") == FULL_TEST_SET:
-        return run_seeds(cell, [seed])[0]
+        return run_seeds(cell, [seed], checkpoint_dir=checkpoint_dir)[0]
+    if checkpoint_dir is not None:
+        raise ValueError(f"fedau {cell.setting} / {cell.method}: checkpoint_dir is for protocol v2's cells "
+                         "(multiseed.fit_seeds); protocol v1's cells run through Trainer.fit and cannot resume")
     torch.set_num_threads(1)
     data = datamodule(c, seed)
     _train.seed_all(seed)
@@ -195,6 +201,8 @@ def run_cell(cell, seed: int) -> dict:
 
 
 FULL_TEST_SET = "the full test set"
+#: rounds between a protocol-v2 run's checkpoints when it has a ``checkpoint_dir`` (about 2.5 min of a CPU seed)
+CHECKPOINT_EVERY = 100
 #: Images per forward pass when protocol v2 scores the global model. 250 keeps the first conv's activations
 #: (250 x 32 x 28 x 28 floats, 25 MB) near the CPU's caches; at the 2,500 used before 2026-11-29 they were 250 MB and
 #: one evaluation took 1.4-2x as long on this machine's CPU (``benchmarks/bench_eval_chunk.py``). The logits are
@@ -223,7 +231,8 @@ def _build_v2(cell, seed: int):
 
 
 def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None, deadline: float | None = None,
-              progress=None, checksum: bool = True) -> list[dict]:
+              progress=None, checksum: bool = True, checkpoint_dir: str | Path | None = None,
+              checkpoint_every: int = CHECKPOINT_EVERY) -> list[dict]:
     """Protocol v2: every seed of ``seeds`` at once (:func:`lightning_fedhet.multiseed.fit_seeds`, their cohorts
     stacked in one vmap per round on ``device``), evaluated on the full test set every ``eval_every`` rounds.
 
@@ -234,7 +243,12 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     its cell's is refused by ``scripts/gpu/import_records.py``);
     past ``deadline`` (a ``time.time()`` value) the run raises :class:`OutOfTime` at its next evaluation;
     ``progress(seconds_since_start, rounds_done)`` is called at every evaluation; ``checksum=False`` skips the
-    data's sha256 (the GPU script's timing probe). Protocol v1's cells run seed by seed through :func:`run_cell`."""
+    data's sha256 (the GPU script's timing probe). With ``checkpoint_dir``, the run writes its state there every
+    ``checkpoint_every`` rounds and a later call with the same cell, seeds and rounds continues from it, bit for bit,
+    provided the commit, the code's cleanliness, the processor, the device and torch are the same (else it refuses,
+    naming the difference); the file is removed once the results are made, and a resumed result says so
+    (``resumed``: the rounds it resumed at and the earlier processes' seconds). Protocol v1's cells run seed by seed
+    through :func:`run_cell`."""
     import time
 
     from lightning_fedhet.multiseed import fit_seeds
@@ -270,7 +284,14 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
         return {"val_acc": correct / len(y)}
 
     _train.quiet()
-    runs = fit_seeds(build, list(seeds), rounds, eval_every=c["eval_every"], evaluate=evaluate, device=device)
+    checkpoint = key = None
+    if checkpoint_dir is not None:
+        checkpoint = Path(checkpoint_dir) / "fedau" / PROTOCOL / (
+            f"{slug(cell.setting)}-{slug(cell.method)}-seeds-{'-'.join(map(str, seeds))}-{rounds}-rounds.pt")
+        key = {"cell": c, "device": describe_device(device), "cpu": cpu_identity(), "torch": torch.__version__,
+               **code_version(Path(__file__).parent, _repo.CODE_PATHS)}
+    runs = fit_seeds(build, list(seeds), rounds, eval_every=c["eval_every"], evaluate=evaluate, device=device,
+                     checkpoint=checkpoint, checkpoint_every=checkpoint_every, checkpoint_key=key)
     out = []
     for run in runs:
         curve = [(r, {"val_acc": float(m["val_acc"])}) for r, m in run.evals]
@@ -284,6 +305,12 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
                        "rounds": rounds, "metric_window_rounds": max(1, round(c["metric_window_fraction"] * rounds))},
             "data_checksum": _train.data_checksum(data.client_indices, x, y) if checksum else None,
         })
+        if run.resumed:  # the earlier processes' seconds, shared equally among the seeds as the runner shares its own
+            out[-1]["resumed"] = {"from_rounds": run.resumed["from_rounds"],
+                                  "wall_s": round(run.resumed["wall_s"] / len(runs), 2),
+                                  "cpu_s": round(run.resumed["cpu_s"] / len(runs), 2)}
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
     return out
 
 

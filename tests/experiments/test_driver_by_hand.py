@@ -31,6 +31,7 @@ from lightning_fedhet.experiments.records import (
     machine,
     provenance,
     record_path,
+    result_of,
 )
 from lightning_fedhet.experiments.runner import make_record, missing_runs, run_study
 from lightning_fedhet.experiments.study import load_study, resolve_root
@@ -396,6 +397,29 @@ def test_execute_sets_the_studys_threads_and_shares_the_time_among_stacked_seeds
     base = {"engine": "e", "cpu": "c", "threads": 2, "wall_s": 1.24, "cpu_s": 0.33, "seeds_in_run": 3}
     assert out == [{**base, "metrics": {"v": 1}, "device": "cpu (x)"}, {**base, "metrics": {"v": 2}, "device": "cuda"},
                    {**base, "metrics": {"v": 3}, "device": "cpu (x)"}]
+
+
+def test_a_resumed_result_adds_the_earlier_processes_seconds_and_its_record_says_where_it_resumed(monkeypatch):
+    # this process: 2.5 s wall, 2.0 s CPU for 2 stacked seeds (1.25 / 1.0 each); the earlier processes' share per
+    # seed, as run_seeds reports it: 100.004 s wall, 60.111 s CPU -> 101.25 (101.254) and 61.11 (61.111)
+    earlier = {"from_rounds": [400, 1300], "wall_s": 100.004, "cpu_s": 60.111}
+
+    def run_seeds(cell, seeds):
+        return [{"metrics": {"v": s}, "engine": "e", **({"resumed": earlier} if s == 1 else {})} for s in seeds]
+
+    study = dataclasses.replace(TOY, run_seeds=run_seeds)
+    clock, cpu = iter([10.0, 12.5]), iter([5.0, 7.0])
+    monkeypatch.setattr(backends_module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(backends_module.time, "process_time", lambda: next(cpu))
+    monkeypatch.setattr(backends_module, "machine", lambda: {"device": "cpu (x)", "cpu": "c", "threads": 1,
+                                                             "torch": "t", "python": "p"})
+    resumed, fresh = execute(study, Task(CELLS[0], (1, 2), stacked=True))
+    assert (resumed["wall_s"], resumed["cpu_s"]) == (101.25, 61.11)
+    assert (fresh["wall_s"], fresh["cpu_s"]) == (1.25, 1.0)
+    record = make_record(TOY, CELLS[0], 1, resumed, CODE)
+    assert record["resumed"] == earlier and "resumed" not in make_record(TOY, CELLS[0], 2, fresh, CODE)
+    # scheduling, not a result: a resumed record compares equal to an uninterrupted one
+    assert result_of(record) == result_of({**make_record(TOY, CELLS[0], 1, fresh, CODE), "metrics": {"v": 1}})
 
 
 def test_execute_refuses_a_wrong_number_or_shape_of_results(monkeypatch):
