@@ -33,6 +33,8 @@ Record = dict[str, Any]
 
 #: keys that say how long a run took and how it was scheduled, not what it computed
 TIMING_KEYS = ("wall_s", "cpu_s", "seeds_in_run")
+#: keys that say how a run was scheduled, which :func:`result_of` drops: the timing keys and ``resumed``
+SCHEDULING_KEYS = (*TIMING_KEYS, "resumed")
 
 
 def slug(text: str) -> str:
@@ -100,8 +102,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def result_of(record: Record) -> Record:
-    """``record`` without :data:`TIMING_KEYS`: what two runs of the same (cell, seed) must agree on bit for bit."""
-    return {k: v for k, v in record.items() if k not in TIMING_KEYS and k != "resumed"}
+    """``record`` without :data:`SCHEDULING_KEYS`: what two runs of the same (cell, seed) must agree on bit for
+    bit."""
+    return {k: v for k, v in record.items() if k not in SCHEDULING_KEYS}
 
 
 def first_difference(a: Any, b: Any, where: str = "") -> str:

@@ -50,7 +50,7 @@ from lightning_fedhet.experiments import (
     save_figure,
     verdict_for_gain,
 )
-from lightning_fedhet.experiments.records import code_version, cpu_identity, describe_device, slug
+from lightning_fedhet.experiments.records import provenance, slug
 from lightning_fedhet.participation import Bernoulli, Cyclic, LabelCorrelated, Markov
 
 from . import _repo, _train, _v3
@@ -245,10 +245,10 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     ``progress(seconds_since_start, rounds_done)`` is called at every evaluation; ``checksum=False`` skips the
     data's sha256 (the GPU script's timing probe). With ``checkpoint_dir``, the run writes its state there every
     ``checkpoint_every`` rounds and a later call with the same cell, seeds and rounds continues from it, bit for bit,
-    provided the commit, the code's cleanliness, the processor, the device and torch are the same (else it refuses,
-    naming the difference); the file is removed once the results are made, and a resumed result says so
-    (``resumed``: the rounds it resumed at and the earlier processes' seconds). Protocol v1's cells run seed by seed
-    through :func:`run_cell`."""
+    provided the record's provenance is the same (commit, the code's cleanliness, device, processor, torch, Python,
+    thread count; else it refuses, naming the difference); the file is removed once the results are made, and a
+    resumed result says so (``resumed``: the rounds it resumed at and the earlier processes' seconds). Protocol v1's
+    cells run seed by seed through :func:`run_cell`."""
     import time
 
     from lightning_fedhet.multiseed import fit_seeds
@@ -288,8 +288,8 @@ def run_seeds(cell, seeds, device: str | None = None, rounds: int | None = None,
     if checkpoint_dir is not None:
         checkpoint = Path(checkpoint_dir) / "fedau" / PROTOCOL / (
             f"{slug(cell.setting)}-{slug(cell.method)}-seeds-{'-'.join(map(str, seeds))}-{rounds}-rounds.pt")
-        key = {"cell": c, "device": describe_device(device), "cpu": cpu_identity(), "torch": torch.__version__,
-               **code_version(Path(__file__).parent, _repo.CODE_PATHS)}
+        # the record's own provenance (commit, cleanliness, device, processor, torch, Python, threads) must match
+        key = {"cell": c, **provenance(Path(__file__).parent, _repo.CODE_PATHS, device)}
     runs = fit_seeds(build, list(seeds), rounds, eval_every=c["eval_every"], evaluate=evaluate, device=device,
                      checkpoint=checkpoint, checkpoint_every=checkpoint_every, checkpoint_key=key)
     out = []
