@@ -180,6 +180,29 @@ def test_refusals_name_the_cause():
     with pytest.raises(ValueError, match="rounds"):
         fit_seeds(_tiny_build("FedAvg-participating"), [1], 0)
 
+
+# every argument check names the argument, its allowed range and the value, before any seed is built
+@pytest.mark.parametrize(("seeds", "rounds", "options", "message"), [
+    ([-1], 1, {}, r"^seeds must be an integer in \[0, 4294967295\], got -1$"),
+    ([2**32], 1, {}, r"^seeds must be an integer in \[0, 4294967295\], got 4294967296$"),
+    ([], 1, {}, r"^seeds must name at least one seed$"),
+    ([1], 0, {}, r"^rounds must be an integer >= 1, got 0$"),
+    ([1], 1, {"eval_every": 0}, r"^eval_every must be an integer >= 1, got 0$"),
+    ([1], 1, {"checkpoint_every": 0}, r"^checkpoint_every must be an integer >= 1, got 0$"),
+])
+def test_argument_checks_name_the_argument_and_its_range(seeds, rounds, options, message):
+    def build(seed):
+        raise AssertionError("a bad argument is refused before any seed is built")
+
+    with pytest.raises(ValueError, match=message):
+        fit_seeds(build, seeds, rounds, **options)
+
+
+def test_the_largest_seed_and_the_smallest_intervals_are_accepted():
+    build = _tiny_build("FedAvg-participating")
+    runs = fit_seeds(build, [2**32 - 1], 1, eval_every=1, checkpoint_every=1)
+    assert [run.seed for run in runs] == [2**32 - 1] and len(runs[0].history) == 1
+
     class Scheduled(_RandomInit):
         def configure_optimizers(self):
             optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
@@ -258,6 +281,69 @@ def test_stateful_rule_instances_are_not_shared():
 
     with pytest.raises(ValueError, match="same FedVARP object"):
         fit_seeds(build, [0, 1], 1)
+
+
+# seeds 1 and 4 agree and the last, 7, differs in one thing: every later seed is compared with the first
+_OTHER = 7
+_LAST_DIFFERS = {
+    "module": ({"batchnorm": True}, {},
+               r"^seed 7's module differs from seed 1's in its tensors: fit_seeds stacks seeds of one configuration; "
+               r"fit different models one at a time$"),
+    "learning rate": ({"lr": 0.2}, {},
+                      r"^seed 7's optimizer settings differ from seed 1's: fit_seeds stacks seeds of one "
+                      r"configuration; fit different optimizers one at a time$"),
+    "compile": ({}, {"engine": "vmap", "compile": True},
+                r"^seed 7's strategy has compile=True, seed 1's None: pass the same to every seed$"),
+}
+
+
+class _Configurable(_RandomInit):
+    def __init__(self, batchnorm: bool = False, lr: float = 0.1) -> None:
+        super().__init__(batchnorm)
+        self.lr = lr
+
+
+@pytest.mark.without_compiler  # the compile=True seed is refused before anything compiles
+@pytest.mark.parametrize("differ", sorted(_LAST_DIFFERS))
+def test_seeds_of_different_configurations_are_refused_naming_the_seed(differ):
+    module_kwargs, strategy_kwargs, message = _LAST_DIFFERS[differ]
+
+    def build(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        other = seed == _OTHER
+        model = _Configurable(**(module_kwargs if other else {}))
+        return model, dm, FedHetStrategy(seed=seed, **(strategy_kwargs if other else {}))
+
+    with pytest.raises(ValueError, match=message):
+        fit_seeds(build, [1, 4, _OTHER], 1)
+
+
+def test_rounds_in_which_no_client_is_available_equal_their_single_runs():
+    # Bernoulli(0.15) over 6 clients: some rounds have nobody (no cohort, nothing logged), the others someone
+    def build(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        return _RandomInit(), dm, FedHetStrategy(participation=Bernoulli(0.15), seed=seed)
+
+    runs = fit_seeds(build, [0, 1], 6)
+    empty = [len(record["received"]) == 0 for run in runs for record in run.history]
+    assert any(empty) and not all(empty)
+    for run in runs:
+        _assert_equal_runs(_single(build, run.seed, rounds=6), run)
+        for metrics, record in zip(run.metrics, run.history):
+            assert np.isnan(metrics["train_loss"]) == (len(record["received"]) == 0)
+
+
+def test_a_part_shared_by_later_seeds_is_refused_when_the_first_has_none():
+    shared = LossyChannel(uplink=0.2)
+
+    def build(seed):
+        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        return _RandomInit(), dm, FedHetStrategy(seed=seed, channel=None if seed == 1 else shared)
+
+    message = (r"^seeds 4 and 7 were given the same LossyChannel object as channel: it keeps per-run state, so "
+               r"build\(seed\) must create a new one for every seed$")
+    with pytest.raises(ValueError, match=message):
+        fit_seeds(build, [1, 4, 7], 1)
 
 
 def test_compiled_stacked_seeds_equal_their_single_runs():

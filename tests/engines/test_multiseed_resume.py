@@ -9,11 +9,15 @@ each resume the global random generators are set to other values, as in a fresh 
 from __future__ import annotations
 
 import random
+import re
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from lightning_fedhet import multiseed
 from lightning_fedhet.multiseed import fit_seeds
 from tests.engines.test_multiseed import _RandomInit, _tiny_build
 
@@ -112,11 +116,74 @@ def test_a_run_killed_and_resumed_twice_equals_the_uninterrupted_run_bit_for_bit
 
 
 def test_without_a_kill_the_checkpoint_holds_the_last_multiple_before_the_end(tmp_path):
-    path = tmp_path / "sub" / "run.pt"  # its folder is made
+    path = tmp_path / "sub" / "deeper" / "run.pt"  # its folders are made
+    path.parent.mkdir(parents=True)
+    path.with_name("run.pt.partial").write_bytes(b"left by a write that was killed")
     runs = _fit(_tiny_build("MIFA"), path, rounds=6)
     assert runs[0].resumed is None
     assert torch.load(path, weights_only=False)["done"] == 4  # 2 and 4; never the last round
-    assert not path.with_name("run.pt.partial").exists()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["run.pt"]  # the temporary file was renamed over
+    nested = tmp_path / "a" / "b" / "run.pt"
+    _fit(_tiny_build("MIFA"), nested, rounds=3)
+    assert torch.load(nested, weights_only=False)["done"] == 2
+
+
+def test_by_default_a_checkpoint_is_written_every_100_rounds(tmp_path):
+    path = tmp_path / "run.pt"
+    with pytest.raises(_Killed):  # killed in round 101's evaluation, the first after round 100's checkpoint
+        fit_seeds(_tiny_build("FedAvg-participating"), [5], 101, eval_every=101, evaluate=_evaluate(kill_at=101),
+                  checkpoint=path)
+    assert torch.load(path, weights_only=False)["done"] == 100
+
+
+def test_one_seed_killed_twice_resumes_with_every_resume_listed(tmp_path):
+    build = _tiny_build("MIFA")
+    path = tmp_path / "run.pt"
+    reference = fit_seeds(build, [5], ROUNDS, eval_every=1, evaluate=_evaluate(), checkpoint_every=2)
+    for kill_at in (3, 5):
+        with pytest.raises(_Killed):
+            fit_seeds(build, [5], ROUNDS, eval_every=1, evaluate=_evaluate(kill_at), checkpoint=path,
+                      checkpoint_every=2)
+    assert torch.load(path, weights_only=False)["resumed_at"] == [2]
+    (run,) = fit_seeds(build, [5], ROUNDS, eval_every=1, evaluate=_evaluate(), checkpoint=path, checkpoint_every=2)
+    assert run.resumed["from_rounds"] == [2, 4]
+    assert torch.equal(run.global_params, reference[0].global_params)
+
+
+def test_the_seconds_carried_over_are_those_of_the_killed_process(tmp_path):
+    build = _tiny_build("FedAU")
+    path = tmp_path / "run.pt"
+    wall, cpu = time.perf_counter(), time.process_time()
+    with pytest.raises(_Killed):
+        _fit(build, path, kill_at=5)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    runs = _fit(build, path)
+    for run in runs:
+        assert 0 < run.resumed["wall_s"] <= wall
+        assert 0 < run.resumed["cpu_s"] <= cpu + 0.05  # process_time ticks coarsely on some kernels
+
+
+def test_a_key_may_hold_paths_and_devices_which_compare_as_their_text(tmp_path):
+    build = _tiny_build("FedAU")
+    path = tmp_path / "run.pt"
+    with pytest.raises(_Killed):
+        _fit(build, path, kill_at=3, key={"data": Path("/data/fmnist"), "device": torch.device("cpu")})
+    runs = _fit(build, path, key={"device": "cpu", "data": "/data/fmnist"})
+    assert runs[0].resumed["from_rounds"] == [2]
+
+
+def test_cuda_generators_are_saved_and_restored_on_a_cuda_device_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["cuda state"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: calls.append(states))
+    on_cpu = multiseed._rng_state(torch.device("cpu"))
+    assert sorted(on_cpu) == ["numpy", "python", "torch"]
+    on_cuda = multiseed._rng_state(torch.device("cuda", 0))
+    assert on_cuda["cuda"] == ["cuda state"]
+    multiseed._set_rng_state(on_cpu)
+    assert calls == []
+    multiseed._set_rng_state(on_cuda)
+    assert calls == [["cuda state"]]
 
 
 def test_a_checkpoint_of_another_run_or_a_broken_file_is_refused_before_any_round(tmp_path):
@@ -130,11 +197,23 @@ def test_a_checkpoint_of_another_run_or_a_broken_file_is_refused_before_any_roun
         _fit(build, path, key={"commit": "abc", "cpu": "x"}, seeds=[3, 9])
     with pytest.raises(ValueError, match="its rounds is"):
         _fit(build, path, key={"commit": "abc", "cpu": "x"}, rounds=9)
+    with pytest.raises(ValueError, match=r"its eval_every is 1, this call's is 7;"):
+        fit_seeds(build, SEEDS, ROUNDS, eval_every=7, evaluate=_evaluate(), checkpoint=path, checkpoint_every=2,
+                  checkpoint_key={"commit": "abc", "cpu": "x"})
     # the same key in another order is the same key
     runs = _fit(build, path, key={"cpu": "x", "commit": "abc"})
     assert runs[0].resumed["from_rounds"] == [2]
+    quoted = repr(str(path))
+    with pytest.raises(ValueError, match=rf"^checkpoint {re.escape(quoted)} was written by another run: its key is"):
+        _fit(build, path, key={"commit": "def"})
     path.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="cannot be read"):
+    with pytest.raises(ValueError, match=rf"^checkpoint {re.escape(quoted)} cannot be read \(UnpicklingError: .*\); "
+                                         r"delete it to start the run from round 0$"):
         _fit(build, path)
+    for foreign in ({"format": 0, "done": 2}, ["not", "a", "dict"]):
+        torch.save(foreign, path)
+        with pytest.raises(ValueError, match=rf"^checkpoint {re.escape(quoted)} is not a fit_seeds checkpoint of "
+                                             r"format 1; delete it to start the run from round 0$"):
+            _fit(build, path)
     with pytest.raises(ValueError, match="checkpoint_every"):
         fit_seeds(build, SEEDS, ROUNDS, checkpoint=path, checkpoint_every=0)

@@ -136,6 +136,10 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
                                                   "tests/engines/test_compiled_guards.py",
                                                   "tests/engines/test_fused_rules.py",
                                                   "tests/engines/test_vmap_fallbacks.py"]),
+    # many seeds stacked into one run (fit_seeds) and its checkpoints (a killed run resumes bit for bit): the
+    # stacked-equals-single tests and the kill-and-resume tests; the compiling test is left out with the others
+    "multiseed": ([f"{PKG}/multiseed.py"], ["tests/engines/test_multiseed.py",
+                                            "tests/engines/test_multiseed_resume.py"]),
     # the decision rule every study labels its claims with (decide, family intervals, power, convergence, grid place)
     "decision": ([f"{PKG}/experiments/decision.py"], ["tests/experiments/test_decision.py",
                                                      "tests/experiments/test_decision_by_hand.py"]),
