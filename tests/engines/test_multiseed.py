@@ -180,29 +180,6 @@ def test_refusals_name_the_cause():
     with pytest.raises(ValueError, match="rounds"):
         fit_seeds(_tiny_build("FedAvg-participating"), [1], 0)
 
-
-# every argument check names the argument, its allowed range and the value, before any seed is built
-@pytest.mark.parametrize(("seeds", "rounds", "options", "message"), [
-    ([-1], 1, {}, r"^seeds must be an integer in \[0, 4294967295\], got -1$"),
-    ([2**32], 1, {}, r"^seeds must be an integer in \[0, 4294967295\], got 4294967296$"),
-    ([], 1, {}, r"^seeds must name at least one seed$"),
-    ([1], 0, {}, r"^rounds must be an integer >= 1, got 0$"),
-    ([1], 1, {"eval_every": 0}, r"^eval_every must be an integer >= 1, got 0$"),
-    ([1], 1, {"checkpoint_every": 0}, r"^checkpoint_every must be an integer >= 1, got 0$"),
-])
-def test_argument_checks_name_the_argument_and_its_range(seeds, rounds, options, message):
-    def build(seed):
-        raise AssertionError("a bad argument is refused before any seed is built")
-
-    with pytest.raises(ValueError, match=message):
-        fit_seeds(build, seeds, rounds, **options)
-
-
-def test_the_largest_seed_and_the_smallest_intervals_are_accepted():
-    build = _tiny_build("FedAvg-participating")
-    runs = fit_seeds(build, [2**32 - 1], 1, eval_every=1, checkpoint_every=1)
-    assert [run.seed for run in runs] == [2**32 - 1] and len(runs[0].history) == 1
-
     class Scheduled(_RandomInit):
         def configure_optimizers(self):
             optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
@@ -226,6 +203,29 @@ def test_the_largest_seed_and_the_smallest_intervals_are_accepted():
 
     with pytest.raises(VmapUnsupported, match="persist' with Adam.*engine='sequential'"):
         fit_seeds(build_persist, [0, 1], 1)
+
+
+# every argument check names the argument, its allowed range and the value, before any seed is built
+@pytest.mark.parametrize(("seeds", "rounds", "options", "message"), [
+    ([-1], 1, {}, r"^seeds must be an integer in \[0, 4294967295\], got -1$"),
+    ([2**32], 1, {}, r"^seeds must be an integer in \[0, 4294967295\], got 4294967296$"),
+    ([], 1, {}, r"^seeds must name at least one seed$"),
+    ([1], 0, {}, r"^rounds must be an integer >= 1, got 0$"),
+    ([1], 1, {"eval_every": 0}, r"^eval_every must be an integer >= 1, got 0$"),
+    ([1], 1, {"checkpoint_every": 0}, r"^checkpoint_every must be an integer >= 1, got 0$"),
+])
+def test_argument_checks_name_the_argument_and_its_range(seeds, rounds, options, message):
+    def build(seed):
+        raise AssertionError("a bad argument is refused before any seed is built")
+
+    with pytest.raises(ValueError, match=message):
+        fit_seeds(build, seeds, rounds, **options)
+
+
+def test_the_largest_seed_and_the_smallest_intervals_are_accepted():
+    build = _tiny_build("FedAvg-participating")
+    runs = fit_seeds(build, [2**32 - 1], 1, eval_every=1, checkpoint_every=1)
+    assert [run.seed for run in runs] == [2**32 - 1] and len(runs[0].history) == 1
 
 
 def test_stacked_seeds_keep_each_clients_momentum_as_their_single_runs():
