@@ -125,3 +125,22 @@ def error_text(call, kind: type[Exception] = ValueError) -> str:
     with pytest.raises(kind) as err:
         call()
     return str(err.value)
+
+
+#: the per-round fields of ``FedHetStrategy.history`` that say who took part: index tensors
+ROUND_PARTIES = ("available", "selected", "received", "rejected")
+
+
+def assert_same_rounds(expected: list[dict], actual: list[dict], *, parties=ROUND_PARTIES, rel: float = 1e-6,
+                       abs: float = 1e-9) -> None:
+    """Two ``history`` lists describe the same rounds: the same length, the same clients in each of ``parties``
+    (exactly), the same local steps, and the same clients weighted with weights within ``rel``/``abs``
+    (``rel=abs=0``: bit for bit)."""
+    assert len(actual) == len(expected)
+    for a, b in zip(expected, actual):
+        for key in parties:
+            assert torch.equal(a[key], b[key]), (a["round"], key)
+        assert a["local_steps"] == b["local_steps"], a["round"]
+        assert a["weights"].keys() == b["weights"].keys(), a["round"]
+        for client, weight in a["weights"].items():
+            assert b["weights"][client] == pytest.approx(weight, rel=rel, abs=abs), (a["round"], client)

@@ -43,7 +43,15 @@ from lightning_fedhet.participation import Bernoulli, Trace, UniformSample
 from lightning_fedhet.system import UniformSteps
 from tests import ddp_worker as worker
 from tests.engines.test_contract import CASES, ROUNDS, _assert_same_run, _reference
-from tests.helpers import FailsAtCall, TinyClassifier, equal_clients, flat_params, quiet_trainer, toy_dataset
+from tests.helpers import (
+    FailsAtCall,
+    TinyClassifier,
+    assert_same_rounds,
+    equal_clients,
+    flat_params,
+    quiet_trainer,
+    toy_dataset,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 600
@@ -92,11 +100,7 @@ def _as_run(r: dict) -> SimpleNamespace:
 
 def _same_on_both_ranks(r0: dict, r1: dict) -> None:
     assert torch.equal(r0["params"], r1["params"])
-    assert len(r0["history"]) == len(r1["history"])
-    for a, b in zip(r0["history"], r1["history"]):
-        for key in ("available", "selected", "received", "rejected"):
-            assert torch.equal(a[key], b[key])
-        assert a["weights"] == b["weights"] and a["local_steps"] == b["local_steps"]
+    assert_same_rounds(r0["history"], r1["history"], rel=0, abs=0)
 
 
 # ---------------------------------------------------------------------------------------------- contract

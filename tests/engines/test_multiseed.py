@@ -27,7 +27,7 @@ from lightning_fedhet.participation import Bernoulli
 from lightning_fedhet.system import LossyChannel, UniformSteps
 from tests.engines.test_contract import CASES, _settings
 from tests.engines.test_vmap_pieces import LogsEachReduction
-from tests.helpers import TinyClassifier, quiet_trainer, toy_dataset
+from tests.helpers import TinyClassifier, assert_same_rounds, quiet_trainer, toy_dataset
 
 ROUNDS = 4
 
@@ -90,14 +90,7 @@ def _single(build, seed: int, rounds: int = ROUNDS) -> FedHetStrategy:
 def _assert_equal_runs(single: FedHetStrategy, run) -> None:
     torch.testing.assert_close(run.global_params, single.global_params, rtol=1e-5, atol=1e-5)
     assert torch.equal(run.server.global_ints, single.server.global_ints)
-    assert len(run.history) == len(single.history)
-    for a, b in zip(single.history, run.history):
-        for key in ("available", "selected", "received", "rejected"):
-            assert torch.equal(a[key], b[key]), (a["round"], key)
-        assert a["local_steps"] == b["local_steps"]
-        assert a["weights"].keys() == b["weights"].keys()
-        for client, weight in a["weights"].items():
-            assert b["weights"][client] == pytest.approx(weight, rel=1e-6, abs=1e-9)
+    assert_same_rounds(single.history, run.history)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
