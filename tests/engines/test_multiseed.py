@@ -49,14 +49,18 @@ _DATA = toy_dataset(96)
 _VAL = toy_dataset(32, seed=9)
 
 
+def _six_clients(data=_DATA, **kwargs) -> FederatedDataModule:
+    """``data``'s 96 samples split into six clients of 16 in order, batches of 4."""
+    return FederatedDataModule(data, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4, **kwargs)
+
+
 def _tiny_build(case: str, batchnorm: bool = False, shared_data: bool = True, **engine_kwargs):
     factory, spec = CASES[case]
 
     def build(seed: int):
         model = _RandomInit(batchnorm)
         data = _DATA if shared_data else toy_dataset(96)  # a dataset object of its own per seed (same values)
-        parts = [np.arange(i * 16, (i + 1) * 16) for i in range(6)]
-        dm = FederatedDataModule(data, parts, batch_size=4, val_dataset=_VAL)
+        dm = _six_clients(data, val_dataset=_VAL)
         return model, dm, FedHetStrategy(algorithm=factory(), seed=seed, **_settings(spec), **engine_kwargs)
 
     return build
@@ -227,7 +231,7 @@ def test_stacked_seeds_keep_each_clients_momentum_as_their_single_runs():
     factory, spec = CASES["FedVARP"]
 
     def build(seed: int):
-        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients()
         return _RandomInit(), dm, FedHetStrategy(algorithm=factory(), seed=seed, optimizer_state="persist",
                                                  **_settings(spec))
 
@@ -252,7 +256,7 @@ def test_an_epoch_scheduler_steps_once_per_round_for_every_seed():
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
 
     def build(seed):
-        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients()
         strategy = FedHetStrategy(
             algorithm=FedAvg(), participation=Bernoulli(0.7), channel=LossyChannel(uplink=0.2),
             local_steps=UniformSteps(1, 3), seed=seed,
@@ -269,7 +273,7 @@ def test_stateful_rule_instances_are_not_shared():
     shared = FedVARP()
 
     def build(seed):
-        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients()
         return _RandomInit(), dm, FedHetStrategy(algorithm=shared, seed=seed)
 
     with pytest.raises(ValueError, match="same FedVARP object"):
@@ -302,7 +306,7 @@ def test_seeds_of_different_configurations_are_refused_naming_the_seed(differ):
     module_kwargs, strategy_kwargs, message = _LAST_DIFFERS[differ]
 
     def build(seed):
-        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients()
         other = seed == _OTHER
         model = _Configurable(**(module_kwargs if other else {}))
         return model, dm, FedHetStrategy(seed=seed, **(strategy_kwargs if other else {}))
@@ -314,7 +318,7 @@ def test_seeds_of_different_configurations_are_refused_naming_the_seed(differ):
 def test_rounds_in_which_no_client_is_available_equal_their_single_runs():
     # Bernoulli(0.15) over 6 clients: some rounds have nobody (no cohort, nothing logged), the others someone
     def build(seed):
-        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients()
         return _RandomInit(), dm, FedHetStrategy(participation=Bernoulli(0.15), seed=seed)
 
     runs = fit_seeds(build, [0, 1], 6)
@@ -330,7 +334,7 @@ def test_a_part_shared_by_later_seeds_is_refused_when_the_first_has_none():
     shared = LossyChannel(uplink=0.2)
 
     def build(seed):
-        dm = FederatedDataModule(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients()
         return _RandomInit(), dm, FedHetStrategy(seed=seed, channel=None if seed == 1 else shared)
 
     message = (r"^seeds 4 and 7 were given the same LossyChannel object as channel: it keeps per-run state, so "
@@ -352,8 +356,7 @@ def test_compiled_stacked_seeds_equal_their_single_runs():
 def test_each_seeds_logged_values_are_reduced_as_training_step_asked():
     # a sum counts that seed's client steps of the round, a max is at least the seed's mean training loss
     def build(seed: int):
-        parts = [np.arange(i * 16, (i + 1) * 16) for i in range(6)]
-        dm = FederatedDataModule(_DATA, parts, batch_size=4)
+        dm = _six_clients()
         strategy = FedHetStrategy(participation=Bernoulli(0.6), local_steps=UniformSteps(1, 3), seed=seed)
         return LogsEachReduction(), dm, strategy
 
