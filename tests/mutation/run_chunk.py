@@ -9,7 +9,8 @@ Usage (from the repository root)::
 Each chunk copies the working tree (tracked and untracked, not ignored, files) into ``.mutation/<chunk>/``, writes
 a ``[tool.mutmut]`` section there that mutates only the chunk's modules and runs only the chunk's tests, runs
 ``mutmut run`` (``--max-children`` from ``--cores``, default 2) and prints the score and the surviving mutants.
-The ``[tool.mutmut]`` section of ``pyproject.toml`` is the whole-package configuration the chunks narrow down.
+The ``[tool.mutmut]`` section of ``pyproject.toml`` is the core scope for a bare ``mutmut run``; the chunks do not
+read it and cover more modules (``--list``).
 """
 
 from __future__ import annotations
