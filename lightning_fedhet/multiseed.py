@@ -58,6 +58,7 @@ import json
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,11 @@ def fit_seeds(
             run.metrics.append(metrics)
         for config in epoch_schedulers:  # as Lightning steps them at the end of every `frequency`-th epoch
             if (t + 1) % config.frequency == 0:
-                config.scheduler.step()
+                with warnings.catch_warnings():
+                    # the cohort applies the optimizer's update itself, so torch never sees optimizer.step() and
+                    # would warn that the schedule runs ahead of it: it does not (the round read the rate first)
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                    config.scheduler.step()
         done = t + 1
         if evaluate is not None and (done == rounds or (eval_every is not None and done % eval_every == 0)):
             for run in runs:

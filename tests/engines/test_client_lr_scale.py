@@ -13,6 +13,7 @@ import torch
 
 from lightning_fedhet import FedHetStrategy
 from lightning_fedhet.algorithms import FedAvg
+from lightning_fedhet.engines.vmap import VmapUnsupported
 from lightning_fedhet.multiseed import fit_seeds
 from tests.helpers import TinyClassifier, equal_clients, flat_params, quiet_trainer
 
@@ -82,5 +83,8 @@ def test_fit_seeds_refuses_a_rule_that_scales_the_clients_learning_rate():
         strategy = FedHetStrategy(algorithm=ScaledFedAvg(2.0), local_steps=1, seed=seed)
         return TinyClassifier(), equal_clients(2), strategy
 
-    with pytest.raises(Exception, match=r"scales the clients' learning rate every round .*one at a time"):
+    message = (r"^engine='vmap' cannot run this: seed 0's ScaledFedAvg\(.*\) scales the clients' learning rate every "
+               r"round \(calibrate='client'\), which differs between seeds and cannot be stacked: fit the seeds one "
+               r"at a time with Trainer\.fit\. Use engine='sequential' instead\.$")
+    with pytest.raises(VmapUnsupported, match=message):
         fit_seeds(build, seeds=[0, 1], rounds=1)

@@ -8,6 +8,7 @@ Markov availability, a lossy uplink and unequal local steps) runs two seeds stac
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 
 import numpy as np
@@ -200,6 +201,143 @@ def test_refusals_name_the_cause():
 
     with pytest.raises(VmapUnsupported, match="persist' with Adam.*engine='sequential'"):
         fit_seeds(build_persist, [0, 1], 1)
+
+
+
+def _with_optimizers(configure):
+    """A build whose module's ``configure_optimizers`` returns ``configure(module)``."""
+
+    class Configured(_RandomInit):
+        def configure_optimizers(self):
+            return configure(self)
+
+    def build(seed):
+        return Configured(), _six_clients(), FedHetStrategy(participation=Bernoulli(0.7), local_steps=2, seed=seed)
+
+    return build
+
+
+def _sgd(module, lr=0.2):
+    return torch.optim.SGD(module.parameters(), lr=lr)
+
+
+def _halving(module):
+    optimizer = _sgd(module)
+    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+
+
+# Lightning's return forms of configure_optimizers; the schedulers halve the learning rate at the end of every
+# `frequency`-th round (Lightning's default interval is "epoch", one round here)
+_RETURN_FORMS = {
+    "optimizer": lambda m: _sgd(m),
+    "list of one optimizer": lambda m: [_sgd(m)],
+    "tuple of one optimizer": lambda m: (_sgd(m),),
+    "dict without a scheduler": lambda m: {"optimizer": _sgd(m)},
+    "dict, scheduler every 2nd round": lambda m: (lambda o, s: {
+        "optimizer": o, "lr_scheduler": {"scheduler": s, "interval": "epoch", "frequency": 2}})(*_halving(m)),
+    "dict, bare scheduler": lambda m: (lambda o, s: {"optimizer": o, "lr_scheduler": s})(*_halving(m)),
+    "two lists, bare scheduler": lambda m: (lambda o, s: ([o], [s]))(*_halving(m)),
+    "two lists, scheduler dict without interval": lambda m: (lambda o, s: ([o], [{"scheduler": s}]))(*_halving(m)),
+}
+
+
+@pytest.mark.parametrize("form", sorted(_RETURN_FORMS))
+def test_each_return_form_of_configure_optimizers_equals_its_single_run(form):
+    # a form read wrongly either refuses (a scheduler taken for a second optimizer) or steps the schedule at another
+    # pace (frequency ignored: the learning rate halves every round instead of every second) than Lightning does
+    build = _with_optimizers(_RETURN_FORMS[form])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = fit_seeds(build, [0, 1], 4)
+    # the cohort applies the optimizer's update itself: torch's "scheduler stepped before the optimizer" is not true
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    for run in runs:
+        _assert_equal_runs(_single(build, run.seed, rounds=4), run)
+
+
+def test_the_schedulers_frequency_decides_when_the_rate_halves():
+    # closed form: the same stacked seeds at lr 0.2 with the scheduler stepped after rounds 2 and 4 (frequency 2)
+    # equal stacked seeds whose rounds run at 0.2, 0.2, 0.1, 0.1 by a hand-written schedule; every round (frequency
+    # 1) would give 0.2, 0.1, 0.05, 0.025
+    every_second = _with_optimizers(_RETURN_FORMS["dict, scheduler every 2nd round"])
+
+    def by_hand(module):
+        optimizer = _sgd(module)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda epoch: [1.0, 1.0, 0.5, 0.5, 0.25][epoch])}
+
+    for a, b in zip(fit_seeds(every_second, [0, 1], 4), fit_seeds(_with_optimizers(by_hand), [0, 1], 4)):
+        torch.testing.assert_close(a.global_params, b.global_params, rtol=0, atol=0)
+
+
+_PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
+
+
+@pytest.mark.parametrize(("configure", "message"), [
+    (lambda m: [_sgd(m), _sgd(m)], r"configure_optimizers gave 2 optimizers; the cohort steps exactly one\."),
+    (lambda m: ([_sgd(m), _sgd(m)], []), r"configure_optimizers gave 2 optimizers; the cohort steps exactly one\."),
+    (lambda m: 3, r"configure_optimizers returned int; return an optimizer or a dict\."),
+    (lambda m: (lambda o, s: {"optimizer": o, "lr_scheduler": {"scheduler": s, "monitor": "val_loss"}})(*_halving(m)),
+     r"seed 1's learning-rate scheduler \(interval='epoch', monitor='val_loss'\) is not a per-round schedule "
+     r"fit_seeds can step; use interval='epoch' without a monitor, or fit the seeds one at a time with Trainer\.fit\."),
+    (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": _PLATEAU(o)}})(_sgd(m)),
+     r"seed 1's learning-rate scheduler \(interval='epoch', monitor=None\) is not a per-round schedule.*"),
+    (lambda m: (lambda o: ([o], [_PLATEAU(o)]))(_sgd(m)),
+     r"seed 1's learning-rate scheduler \(interval='epoch', monitor=None\) is not a per-round schedule.*"),
+], ids=["list of two", "two lists of two", "an int", "monitor", "plateau", "bare plateau"])
+def test_optimizers_the_stacked_seeds_cannot_step_are_refused_naming_the_form(configure, message):
+    with pytest.raises(VmapUnsupported, match=rf"^engine='vmap' cannot run this: {message} Use engine='sequential'"):
+        fit_seeds(_with_optimizers(configure), [1, 2], 1)
+
+
+class _StageSpy(FederatedDataModule):
+    def setup(self, stage: str) -> None:
+        self.stages = [*getattr(self, "stages", []), stage]
+
+
+def test_each_seeds_datamodule_is_set_up_for_fit_and_a_spec_is_taken_as_its_strategy():
+    # a datamodule that builds its data in setup("fit") only (Lightning's usual pattern) sees the stage "fit";
+    # a FederationSpec in the strategy's place runs as FedHetStrategy(spec=...) would
+    modules = []
+
+    def build(seed, as_spec=False):
+        dm = _StageSpy(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        modules.append(dm)
+        strategy = FedHetStrategy(participation=Bernoulli(0.6), channel=LossyChannel(uplink=0.2), seed=seed)
+        return _RandomInit(), dm, strategy.spec if as_spec else strategy
+
+    as_strategies = fit_seeds(build, [1, 2], 3)
+    assert [dm.stages for dm in modules] == [["fit"], ["fit"]]
+    for a, b in zip(as_strategies, fit_seeds(lambda seed: build(seed, as_spec=True), [1, 2], 3)):
+        assert isinstance(b.strategy, FedHetStrategy) and b.strategy.seed == a.seed
+        torch.testing.assert_close(b.global_params, a.global_params, rtol=0, atol=0)
+        assert_same_rounds(a.history, b.history, rel=0, abs=0)
+
+
+
+def test_each_seed_is_seeded_as_its_single_run_is_and_quietly(monkeypatch, caplog):
+    # seed_everything(seed, workers=False) as the single run's reference: worker seeding left off for the rest of
+    # the process (PL_SEED_WORKERS=0, which later Trainer.fit calls read) and no "Seed set to" line per seed
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")
+    with caplog.at_level("INFO"):
+        fit_seeds(_tiny_build("FedAvg-participating"), [5, 6], 1)
+    assert os.environ["PL_SEED_WORKERS"] == "0"
+    assert not [r for r in caplog.records if "Seed set to" in r.getMessage()]
+
+@pytest.mark.parametrize(("built", "kind", "message"), [
+    (lambda seed: [_RandomInit(), _six_clients(), FedHetStrategy(seed=seed)], TypeError,
+     r"^build\(seed\) must return \(module, datamodule, strategy\), got list$"),
+    (lambda seed: (_RandomInit(), _six_clients()), TypeError,
+     r"^build\(seed\) must return \(module, datamodule, strategy\), got tuple$"),
+    (lambda seed: (_RandomInit(), _six_clients(), "ddp"), TypeError,
+     r"^build\(3\) returned a str: fit_seeds runs FedHetStrategy configurations \(one process\); run other "
+     r"strategies one seed at a time with Trainer\.fit$"),
+    (lambda seed: (torch.nn.Linear(5, 3), _six_clients(), FedHetStrategy(seed=seed)), TypeError,
+     r"^build\(3\) must return a LightningModule first, got Linear$"),
+], ids=["a list", "two items", "a strategy name", "a plain module"])
+def test_builds_of_the_wrong_shape_are_refused_naming_what_came_back(built, kind, message):
+    with pytest.raises(kind, match=message):
+        fit_seeds(built, [3], 1)
 
 
 # every argument check names the argument, its allowed range and the value, before any seed is built

@@ -140,7 +140,9 @@ CHUNKS: dict[str, tuple[list[str], list[str]]] = {
     # many seeds stacked into one run (fit_seeds) and its checkpoints (a killed run resumes bit for bit): the
     # stacked-equals-single tests and the kill-and-resume tests; the compiling test is left out with the others
     "multiseed": ([f"{PKG}/multiseed.py"], ["tests/engines/test_multiseed.py",
-                                            "tests/engines/test_multiseed_resume.py"]),
+                                            "tests/engines/test_multiseed_resume.py",
+                                            "tests/engines/test_client_lr_scale.py::"
+                                            "test_fit_seeds_refuses_a_rule_that_scales_the_clients_learning_rate"]),
     # the decision rule every study labels its claims with (decide, family intervals, power, convergence, grid place)
     "decision": ([f"{PKG}/experiments/decision.py"], ["tests/experiments/test_decision.py",
                                                      "tests/experiments/test_decision_by_hand.py"]),
