@@ -50,9 +50,9 @@ _DATA = toy_dataset(96)
 _VAL = toy_dataset(32, seed=9)
 
 
-def _six_clients(data=_DATA, **kwargs) -> FederatedDataModule:
-    """``data``'s 96 samples split into six clients of 16 in order, batches of 4."""
-    return FederatedDataModule(data, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4, **kwargs)
+def _six_clients(data=_DATA, kind: type[FederatedDataModule] = FederatedDataModule, **kwargs) -> FederatedDataModule:
+    """``data``'s 96 samples split into six clients of 16 in order, batches of 4 (a ``kind`` of datamodule)."""
+    return kind(data, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4, **kwargs)
 
 
 def _tiny_build(case: str, batchnorm: bool = False, shared_data: bool = True, **engine_kwargs):
@@ -301,7 +301,7 @@ def test_each_seeds_datamodule_is_set_up_for_fit_and_a_spec_is_taken_as_its_stra
     modules = []
 
     def build(seed, as_spec=False):
-        dm = _StageSpy(_DATA, [np.arange(i * 16, (i + 1) * 16) for i in range(6)], batch_size=4)
+        dm = _six_clients(kind=_StageSpy)
         modules.append(dm)
         strategy = FedHetStrategy(participation=Bernoulli(0.6), channel=LossyChannel(uplink=0.2), seed=seed)
         return _RandomInit(), dm, strategy.spec if as_spec else strategy
@@ -314,7 +314,6 @@ def test_each_seeds_datamodule_is_set_up_for_fit_and_a_spec_is_taken_as_its_stra
         assert_same_rounds(a.history, b.history, rel=0, abs=0)
 
 
-
 def test_each_seed_is_seeded_as_its_single_run_is_and_quietly(monkeypatch, caplog):
     # seed_everything(seed, workers=False) as the single run's reference: worker seeding left off for the rest of
     # the process (PL_SEED_WORKERS=0, which later Trainer.fit calls read) and no "Seed set to" line per seed
@@ -324,19 +323,20 @@ def test_each_seed_is_seeded_as_its_single_run_is_and_quietly(monkeypatch, caplo
     assert os.environ["PL_SEED_WORKERS"] == "0"
     assert not [r for r in caplog.records if "Seed set to" in r.getMessage()]
 
-@pytest.mark.parametrize(("built", "kind", "message"), [
-    (lambda seed: [_RandomInit(), _six_clients(), FedHetStrategy(seed=seed)], TypeError,
+
+@pytest.mark.parametrize(("built", "message"), [
+    (lambda seed: [_RandomInit(), _six_clients(), FedHetStrategy(seed=seed)],
      r"^build\(seed\) must return \(module, datamodule, strategy\), got list$"),
-    (lambda seed: (_RandomInit(), _six_clients()), TypeError,
+    (lambda seed: (_RandomInit(), _six_clients()),
      r"^build\(seed\) must return \(module, datamodule, strategy\), got tuple$"),
-    (lambda seed: (_RandomInit(), _six_clients(), "ddp"), TypeError,
+    (lambda seed: (_RandomInit(), _six_clients(), "ddp"),
      r"^build\(3\) returned a str: fit_seeds runs FedHetStrategy configurations \(one process\); run other "
      r"strategies one seed at a time with Trainer\.fit$"),
-    (lambda seed: (torch.nn.Linear(5, 3), _six_clients(), FedHetStrategy(seed=seed)), TypeError,
+    (lambda seed: (torch.nn.Linear(5, 3), _six_clients(), FedHetStrategy(seed=seed)),
      r"^build\(3\) must return a LightningModule first, got Linear$"),
 ], ids=["a list", "two items", "a strategy name", "a plain module"])
-def test_builds_of_the_wrong_shape_are_refused_naming_what_came_back(built, kind, message):
-    with pytest.raises(kind, match=message):
+def test_builds_of_the_wrong_shape_are_refused_naming_what_came_back(built, message):
+    with pytest.raises(TypeError, match=message):
         fit_seeds(built, [3], 1)
 
 
