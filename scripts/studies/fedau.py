@@ -534,9 +534,10 @@ def write_report(records: list[dict], out) -> list:
                 holm = _v3.cells(r, _v3.fmt_pp)
                 prow.append((*row, _v3.registered(verdict, r.raw), *holm))
                 wait = "; not run yet" if verdict == "pending (not run yet)" else ""
+                seeds_text = "1 seed" if n == 1 else f"{n} seeds"
                 summaries.append(Summary(
                     f"Table 1 ({pattern}): FedAU (K=50) beats {m} [{protocol}]", f"{100 * gain:+.1f} pp (SVHN)",
-                    f"{ours} ({n} seeds{wait}" + ("" if holm[0] == "–" else f"; Holm-adjusted {holm[0]}") + ")",
+                    f"{ours} ({seeds_text}{wait}" + ("" if holm[0] == "–" else f"; Holm-adjusted {holm[0]}") + ")",
                     r.index_text()))
             header = ("baseline", "seeds", "ours (mean [95 % CI])", "half-width", "half-width < paper's effect",
                       "paper")
