@@ -235,8 +235,9 @@ def fit_seeds(
             record = run.server.history[-1]
             metrics = {"round": record["round"], **round_metrics(record), "train_loss": losses[owner]}
             for name, chunks in logs.items():
-                values = [v[torch.from_numpy(o == owner).to(v.device)] for v, o in chunks]
-                values = torch.cat(values) if values else torch.zeros(0)
+                # every logged name has a chunk per lock-step that logged it, so the list is never empty; a seed
+                # with no client among them gets an empty tensor, hence NaN
+                values = torch.cat([v[torch.from_numpy(o == owner).to(v.device)] for v, o in chunks])
                 reduced = reduce_logged(values, reductions.get(name, "mean")) if values.numel() else torch.nan
                 metrics[name] = float(reduced)
             run.metrics.append(metrics)

@@ -505,3 +505,22 @@ def test_each_seeds_logged_values_are_reduced_as_training_step_asked():
             if record["local_steps"]:
                 assert metrics["loss_max"] >= metrics["train_loss"]
     assert [m["steps_taken"] for m in runs[0].metrics] != [m["steps_taken"] for m in runs[1].metrics]
+
+
+def test_a_seed_with_no_client_in_a_round_logs_nan_while_another_seed_trains():
+    # Bernoulli(0.15) over 6 clients: in some rounds one seed trains and the other has nobody. The idle seed logged
+    # nothing, so each of its names reads NaN (a sum of nothing is not 0 steps, a max of nothing is not 0), while
+    # the training seed's sum counts its own steps only.
+    def build(seed: int):
+        dm = _six_clients()
+        return LogsEachReduction(), dm, FedHetStrategy(participation=Bernoulli(0.15), seed=seed)
+
+    runs = fit_seeds(build, [0, 1], 8)
+    trained = [[bool(record["local_steps"]) for record in run.server.history] for run in runs]
+    mixed = [t for t in range(8) if trained[0][t] != trained[1][t]]
+    assert mixed, "no round in which exactly one seed trained: pick other seeds"
+    for t in mixed:
+        idle, busy = (0, 1) if trained[1][t] else (1, 0)
+        for name in ("steps_taken", "loss_max", "loss_min", "loss_mean"):
+            assert np.isnan(runs[idle].metrics[t][name]), (t, name)
+        assert runs[busy].metrics[t]["steps_taken"] == sum(runs[busy].server.history[t]["local_steps"].values())
