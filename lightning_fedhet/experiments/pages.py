@@ -100,10 +100,12 @@ def provenance_table(records: Sequence[Record]) -> str:
     The processor (a record's ``cpu``: model name and the instruction set torch's CPU kernels use) is a column of
     its own because a re-run is bit for bit the same only on the same processor: the same commit and seed on
     another one gives other floats, and a training run amplifies them. Records written before the field existed
-    read "not recorded"."""
+    read "not recorded". A commit shows as git's 10-character abbreviation, as
+    :func:`lightning_fedhet.experiments.records.code_version` writes it, also where a record names it whole
+    (records imported from a machine without git, given ``--commit``)."""
     groups: dict[tuple, list[Record]] = {}
     for r in records:
-        groups.setdefault((r["protocol"], r["commit"] + ("+dirty" if r.get("dirty") else ""), r["engine"],
+        groups.setdefault((r["protocol"], r["commit"][:10] + ("+dirty" if r.get("dirty") else ""), r["engine"],
                            r["device"], r.get("cpu") or "not recorded", r["torch"]), []).append(r)
     rows = [(*key, len(rs), f"{sum(r['wall_s'] for r in rs) / 60:.1f}") for key, rs in sorted(groups.items())]
     return markdown_table(("protocol", "commit", "engine", "device", "processor", "torch", "runs", "wall min"), rows)

@@ -69,3 +69,16 @@ def test_provenance_rows_split_by_processor_and_name_records_without_one():
     assert rows[2:] == ["| v1 | abc | vmap | cpu (2 cores, x86_64) | AMD EPYC; AVX512 | 2.14 | 2 | 1.5 |",
                         "| v1 | abc | vmap | cpu (2 cores, x86_64) | Intel; AVX512 | 2.14 | 1 | 2.0 |",
                         "| v1 | abc | vmap | cpu (2 cores, x86_64) | not recorded | 2.14 | 1 | 0.1 |"]
+
+
+def test_provenance_rows_pool_a_commit_named_whole_with_its_abbreviation():
+    # Slip it catches: a record imported with the whole 40-character hash (a GPU machine has no git and is told the
+    # commit) gets a row of its own, beside the 10-character abbreviation git writes for the same commit.
+    whole = "d0b76c9240ab3844d6e3dcf99ddaa438b0eba5fb"
+    rec = {"protocol": "v2", "dirty": False, "engine": "vmap", "device": "cuda", "cpu": "x", "torch": "2.11",
+           "wall_s": 60}
+    rows = provenance_table([{**rec, "commit": whole}, {**rec, "commit": "d0b76c9240"},
+                             {**rec, "commit": whole, "dirty": True}, {**rec, "commit": "unknown"}]).splitlines()
+    assert rows[2:] == ["| v2 | d0b76c9240 | vmap | cuda | x | 2.11 | 2 | 2.0 |",
+                        "| v2 | d0b76c9240+dirty | vmap | cuda | x | 2.11 | 1 | 1.0 |",
+                        "| v2 | unknown | vmap | cuda | x | 2.11 | 1 | 1.0 |"]
