@@ -166,7 +166,7 @@ def test_v3_picks_sit_inside_their_extended_grid_on_fresh_seeds():
 def test_v4_runs_the_decaying_step_over_400_rounds_on_fresh_seeds_with_interior_picks():
     # protocol v4: eta_t = eta_0 * 10 / (10 + t), T = 400, eta_0 from {10^-1.5, ..., 10} (extended where a pick sat
     # at the top), seeds 40-59 (none of v1-v3's nor the pilots' 100-103)
-    assert upgapl.STUDY.protocol == "v4" and upgapl.STUDY.seeds == tuple(range(40, 60))
+    assert upgapl.SEEDS_BY_PROTOCOL["v4"] == tuple(range(40, 60))
     assert {c.method for c in upgapl.CELLS_V4} == set(upgapl.METHODS)
     for cell in upgapl.CELLS_V4:
         c = cell.config
@@ -177,8 +177,23 @@ def test_v4_runs_the_decaying_step_over_400_rounds_on_fresh_seeds_with_interior_
     assert not set(upgapl.SEEDS_BY_PROTOCOL["v4"]) & {*range(0, 32), *range(100, 104)}
 
 
+def test_v5_runs_v4s_cells_for_u2_and_u3b_on_80_fresh_seeds():
+    # protocol v5: v4's cells for the rules U2 and U3b need (no DMA-PL), configurations identical, seeds 200-279
+    # (none of v1-v4's, none of the pilots' 100-103)
+    assert upgapl.STUDY.protocol == "v5" and upgapl.STUDY.seeds == tuple(range(200, 280))
+    assert upgapl.STUDY.cells == upgapl.CELLS_V5
+    assert [c.method for c in upgapl.CELLS_V5] == ["UPGA-PL", "UDMA-PL", "FedAvg (lossless)"]
+    v4 = {c.method: c for c in upgapl.CELLS_V4}
+    for cell in upgapl.CELLS_V5:
+        assert (cell.setting, cell.config) == (v4[cell.method].setting, v4[cell.method].config)
+    earlier = {s for p in ("v1", "v2", "v3", "v4") for s in upgapl.SEEDS_BY_PROTOCOL[p]}
+    assert not set(upgapl.STUDY.seeds) & (earlier | set(range(100, 104)))
+    assert upgapl.V3_CLAIMS["v5"] == ("U2", "U3b")
+
+
 def _v3_record(method, seed, final, swing=0.0, protocol="v3"):
-    """A v3 (v4) record whose accuracy is ``final`` at every evaluation (``swing`` added on alternate evaluations)."""
+    """A v3 (v4, v5) record whose accuracy is ``final`` at every evaluation (``swing`` added on alternate
+    evaluations)."""
     cell = next(c for c in (upgapl.CELLS_V3 if protocol == "v3" else upgapl.CELLS_V4) if c.method == method)
     rounds = list(range(5, cell.config["rounds"] + 1, 5))
     acc = [final + (swing if k % 2 else -swing) for k in range(len(rounds))]
@@ -247,3 +262,47 @@ def test_v4_claims_follow_the_same_rule_over_its_20_seeds_and_400_rounds(tmp_pat
                                        for rnd, a in zip(r["metrics"]["round"], r["metrics"]["val_acc"])]
     verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
     assert verdicts["v4, U1"] == "not converged" and verdicts["v4, U2"] != "not converged"
+
+
+def test_v5_decides_u2_and_u3b_on_bonferroni_intervals_over_its_two_claims(tmp_path):
+    # 80 seeds. UPGA-PL - lossless = -3 pp on every seed (SD 0): the interval is [-3, -3], wholly below -1 pp -> U2
+    # not reproduced. UDMA-PL's final accuracy alternates 60 % +- 2 pp: SD 2 * sqrt(80/79) = 2.01262 pp; Bonferroni
+    # over 2 claims is 97.5 % each, t_{0.9875, 79} = 2.28493 (scipy, independent of the study), half-width
+    # 2.28493 * 2.01262 / sqrt(80) = 0.514 pp -> 60.0 % [59.5, 60.5], inside 50-70 % -> U3b reproduced. (At the
+    # four-claim level of v4, 98.75 %, the half-width would be 0.575: [59.4, 60.6].)
+    from scipy import stats
+
+    t = stats.t.ppf(1 - 0.025 / 2, 79)
+    assert abs(t - 2.28493) < 1e-5 and abs(t * 2 * math.sqrt(80 / 79) / math.sqrt(80) - 0.514) < 1e-3
+    records = []
+    for seed in range(200, 280):
+        records += [_v3_record("UPGA-PL", seed, 0.90, protocol="v5"),
+                    _v3_record("FedAvg (lossless)", seed, 0.93, protocol="v5"),
+                    _v3_record("UDMA-PL", seed, 0.60 + (0.02 if seed % 2 else -0.02), swing=0.10, protocol="v5")]
+    for r in records:
+        r["protocol"] = "v5"
+    summaries = {s.claim.split(":")[0]: s for s in upgapl.write_report(records, tmp_path)}
+    page = (tmp_path / "upgapl.md").read_text()
+    assert summaries["v5, U2"].verdict == "not reproduced" and summaries["v5, U3b"].verdict == "reproduced"
+    assert "60.0 % [59.5, 60.5]" in page and "Bonferroni intervals over the two claims** (97.5 % each" in page
+    assert "deciding interval (Bonferroni, 2 claims)" in page
+    assert not any(k.startswith("v5, U1") or k.startswith("v5, U3a") for k in summaries)
+    assert summaries["v4, U2"].verdict == "pending"  # each version decides on its own records
+    # 79 seeds: both pending
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(
+        [r for r in records if r["seed"] != 279], tmp_path)}
+    assert verdicts["v5, U2"].startswith("pending") and verdicts["v5, U3b"].startswith("pending")
+    # UDMA-PL's seed-mean curve rising by 6 pp between rounds 321-360 and 361-400 (bound 5 pp): U3b gets no verdict,
+    # U2's cells are settled
+    for r in records:
+        if r["method"] == "UDMA-PL":
+            r["metrics"]["val_acc"] = [a + (0.06 if rnd > 360 else 0.0)
+                                       for rnd, a in zip(r["metrics"]["round"], r["metrics"]["val_acc"])]
+    verdicts = {s.claim.split(":")[0]: s.verdict for s in upgapl.write_report(records, tmp_path)}
+    assert verdicts["v5, U3b"] == "not converged" and verdicts["v5, U2"] == "not reproduced"
+
+
+def test_v5_without_records_lists_its_two_claims_as_pending(tmp_path):
+    summaries = [s for s in upgapl.write_report([], tmp_path) if s.claim.startswith("v5")]
+    assert [(s.claim.split(":")[0], s.verdict) for s in summaries] == [("v5, U2", "pending"), ("v5, U3b", "pending")]
+    assert summaries[1].claim.endswith("(range)")

@@ -235,10 +235,16 @@ SETTINGS_V4 = {
 }
 CELLS_V4 = tuple(Cell(setting, m, make_config(m, lrs[m], **over))
                  for setting, (over, lrs) in SETTINGS_V4.items() for m in METHODS)
+#: Protocol v5: v4's cells, unchanged, for the two claims v4 left inconclusive (U2, U3b), on fresh seeds planned for
+#: 80 % power from v4's variance; DMA-PL is not run (no v5 claim uses it)
+CELLS_V5 = tuple(c for c in CELLS_V4 if c.method in ("UPGA-PL", "UDMA-PL", "FedAvg (lossless)"))
 #: protocol v3's fresh confirmatory seeds (80 % power for U1 at the contributions list's 5 pp from v2's paired SD);
-#: protocol v4's (the same power target from v3's paired SD, 7.3 pp: 19 seeds, rounded to 20)
+#: protocol v4's (the same power target from v3's paired SD, 7.3 pp: 19 seeds, rounded to 20); protocol v5's (U2 and
+#: U3b at 80 % power from v4's SDs need 46 and 50 seeds; 80 leave room for smaller gaps; protocol v5, "Seeds")
 SEEDS_BY_PROTOCOL = {"v1": tuple(range(10)), "v2": tuple(range(10)), "v3": tuple(range(20, 32)),
-                     "v4": tuple(range(40, 60))}
+                     "v4": tuple(range(40, 60)), "v5": tuple(range(200, 280))}
+#: the claims each protocol decided with the v3 rule; its Bonferroni family is these claims
+V3_CLAIMS = {"v3": ("U1", "U2", "U3a", "U3b"), "v4": ("U1", "U2", "U3a", "U3b"), "v5": ("U2", "U3b")}
 #: protocol v3's convergence check: |tail_change| of a cell's seed-mean accuracy curve below this; 1 pp, and 5 pp for
 #: UDMA-PL, whose accuracy swings by about 10 pp between evaluations by design (U3; protocol v3, "Convergence")
 CONVERGENCE_BOUNDS = {"UPGA-PL": 0.01, "DMA-PL": 0.01, "UDMA-PL": 0.05, "FedAvg (lossless)": 0.01}
@@ -265,7 +271,8 @@ def oscillation(record: dict) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-PRIMARY = {"v1": "decaying", "v2": "thesis-grid", "v3": "extended-grid", "v4": "decaying-grid"}
+PRIMARY = {"v1": "decaying", "v2": "thesis-grid", "v3": "extended-grid", "v4": "decaying-grid",
+           "v5": "decaying-grid"}
 SETTING_TEXT = {
     "decaying": "step size eta_t = eta_0 * 10 / (10 + t) (Theorem 4.3.1's form)",
     "constant": "constant step size 0.05 for every rule (the earlier page's recipe, not tuned)",
@@ -452,11 +459,13 @@ def _cell_checks(recs: list[dict], method: str, grid: tuple[float, ...] | None =
 
 
 def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list[Summary]]:
-    """Protocol v3's (or v4's) results: every cell with its convergence check and grid place, the four claims decided
-    by :func:`~lightning_fedhet.experiments.decide` / ``decide_within`` on Bonferroni intervals over the four."""
+    """Protocol v3's, v4's or v5's results: every cell with its convergence check and grid place, and the protocol's
+    claims (:data:`V3_CLAIMS`) decided by :func:`~lightning_fedhet.experiments.decide` / ``decide_within`` on
+    Bonferroni intervals over those claims."""
     planned = len(SEEDS_BY_PROTOCOL[protocol])
     setting = PRIMARY[protocol]
-    picks = {"v3": V3_PICKS, "v4": V4_PICKS}[protocol]
+    picks = {"v3": V3_PICKS, "v4": V4_PICKS, "v5": V4_PICKS}[protocol]
+    claim_ids = V3_CLAIMS[protocol]
     methods = [m for m in METHODS if any(r["method"] == m for r in recs)]
     finals = {m: by_seed(recs, final_acc, method=m) for m in methods}
     osc = {m: by_seed(recs, oscillation, method=m) for m in methods}
@@ -479,45 +488,62 @@ def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list
     def get(d: dict, m: str) -> dict:
         return d.get(m, {})
 
-    diffs = {"U1": pairs(get(finals, "UPGA-PL"), get(finals, "DMA-PL")),
-             "U2": pairs(get(finals, "UPGA-PL"), get(finals, "FedAvg (lossless)")),
-             "U3a": pairs(get(osc, "UDMA-PL"), get(osc, "UPGA-PL")),
-             "U3b": [v - 0.6 for v in get(finals, "UDMA-PL").values()]}
+    every = {"U1": lambda: pairs(get(finals, "UPGA-PL"), get(finals, "DMA-PL")),
+             "U2": lambda: pairs(get(finals, "UPGA-PL"), get(finals, "FedAvg (lossless)")),
+             "U3a": lambda: pairs(get(osc, "UDMA-PL"), get(osc, "UPGA-PL")),
+             "U3b": lambda: [v - 0.6 for v in get(finals, "UDMA-PL").values()]}
+    diffs = {cid: every[cid]() for cid in claim_ids}
     bonf = family_intervals(diffs, method="bonferroni")
     raw = family_intervals(diffs, method="none")
-    conv, grid = ok("UPGA-PL", "DMA-PL")
-    u1 = decide_paired(get(finals, "UPGA-PL"), get(finals, "DMA-PL"), PAPER_GAIN, planned, interval=bonf["U1"][1:],
-                       converged=conv, lr_interior=grid)
-    conv, grid = ok("UPGA-PL", "FedAvg (lossless)")
-    u2 = decide_within(*bonf["U2"][1:], NEAR_MARGIN, len(diffs["U2"]), planned, mean=bonf["U2"][0], converged=conv,
-                       lr_interior=grid)
-    conv, grid = ok("UDMA-PL", "UPGA-PL")
-    u3a = decide_paired(get(osc, "UDMA-PL"), get(osc, "UPGA-PL"), None, planned, interval=bonf["U3a"][1:],
-                        converged=conv, lr_interior=grid)
-    conv, grid = ok("UDMA-PL")
-    lo3, hi3 = bonf["U3b"][1:]
-    u3b = decide_within(lo3, hi3, 0.1, len(diffs["U3b"]), planned, mean=bonf["U3b"][0], converged=conv,
-                        lr_interior=grid)
-    claims = (("U1", "UPGA-PL − DMA-PL (paper +12 pp)", u1, raw["U1"], 100.0, " pp", 0.0),
-              ("U2", "UPGA-PL − lossless FedAvg, within ±1 pp", u2, raw["U2"], 100.0, " pp", 0.0),
-              ("U3a", "oscillation: UDMA-PL − UPGA-PL (UDMA-PL oscillates)", u3a, raw["U3a"], 100.0, " pp", 0.0),
-              ("U3b", "UDMA-PL's final accuracy in 50-70 %", u3b, raw["U3b"], 100.0, " %", 0.6))
+
+    def decided(cid: str):
+        if cid == "U1":
+            conv, grid = ok("UPGA-PL", "DMA-PL")
+            return decide_paired(get(finals, "UPGA-PL"), get(finals, "DMA-PL"), PAPER_GAIN, planned,
+                                 interval=bonf["U1"][1:], converged=conv, lr_interior=grid)
+        if cid == "U2":
+            conv, grid = ok("UPGA-PL", "FedAvg (lossless)")
+            return decide_within(*bonf["U2"][1:], NEAR_MARGIN, len(diffs["U2"]), planned, mean=bonf["U2"][0],
+                                 converged=conv, lr_interior=grid)
+        if cid == "U3a":
+            conv, grid = ok("UDMA-PL", "UPGA-PL")
+            return decide_paired(get(osc, "UDMA-PL"), get(osc, "UPGA-PL"), None, planned, interval=bonf["U3a"][1:],
+                                 converged=conv, lr_interior=grid)
+        conv, grid = ok("UDMA-PL")
+        lo3, hi3 = bonf["U3b"][1:]
+        return decide_within(lo3, hi3, 0.1, len(diffs["U3b"]), planned, mean=bonf["U3b"][0], converged=conv,
+                             lr_interior=grid)
+
+    what = {"U1": ("UPGA-PL − DMA-PL (paper +12 pp)", " pp", 0.0),
+            "U2": ("UPGA-PL − lossless FedAvg, within ±1 pp", " pp", 0.0),
+            "U3a": ("oscillation: UDMA-PL − UPGA-PL (UDMA-PL oscillates)", " pp", 0.0),
+            "U3b": ("UDMA-PL's final accuracy in 50-70 %", " %", 0.6)}
     rows, summaries = [], []
-    for cid, what, d, r, scale, unit, shift in claims:
-        ours = fmt_ci(r[0] + shift, r[1] + shift, r[2] + shift, scale=scale, unit=unit)
-        adj = fmt_ci(d.mean + shift, d.lo + shift, d.hi + shift, scale=scale, unit=unit)
-        rows.append((cid, what, ours, adj, f"**{d.text()}**"))
-        claim = CLAIMS["U3" if cid.startswith("U3") else cid]
-        summaries.append(Summary(f"{protocol}, {cid}: {claim[0]}" + (" (oscillation)" if cid == "U3a" else " (range)"
-                                                               if cid == "U3b" else ""),
-                                 claim[1], f"{ours} ({len(diffs[cid])} seeds)", d.text()))
-    lines += ["\nClaims, decided by `lightning_fedhet.experiments.decide` (U1, U3a) and `decide_within` (U2: the "
-              "difference inside ±1 pp; U3b: UDMA-PL's accuracy inside 50-70 %) on **Bonferroni intervals over the "
-              "four claims** (98.75 % each: family-wise 95 %), the raw 95 % interval beside; a claim whose cells "
-              "are not converged or tuned at a grid edge gets no verdict:\n",
-              markdown_table(("claim", "comparison", "ours (raw 95 % CI)", "deciding interval (Bonferroni, 4 claims)",
-                              f"{protocol} label"), rows), ""]
+    for cid in claim_ids:
+        d, r = decided(cid), raw[cid]
+        text, unit, shift = what[cid]
+        ours = fmt_ci(r[0] + shift, r[1] + shift, r[2] + shift, scale=100.0, unit=unit)
+        adj = fmt_ci(d.mean + shift, d.lo + shift, d.hi + shift, scale=100.0, unit=unit)
+        rows.append((cid, text, ours, adj, f"**{d.text()}**"))
+        summaries.append(_v3_summary(protocol, cid, f"{ours} ({len(diffs[cid])} seeds)", d.text()))
+    m = len(claim_ids)
+    count = {2: "two", 4: "four"}[m]
+    deciders = ("`lightning_fedhet.experiments.decide` (U1, U3a) and `decide_within` (U2" if "U1" in claim_ids
+                else "`lightning_fedhet.experiments.decide_within` (U2")
+    lines += [f"\nClaims, decided by {deciders}: the difference inside ±1 pp; U3b: UDMA-PL's accuracy inside 50-70 %) "
+              f"on **Bonferroni intervals over the {count} claims** ({100 - 5 / m:g} % each: family-wise 95 %), the "
+              "raw 95 % interval beside; a claim whose cells are not converged or tuned at a grid edge gets no "
+              "verdict:\n",
+              markdown_table(("claim", "comparison", "ours (raw 95 % CI)",
+                              f"deciding interval (Bonferroni, {m} claims)", f"{protocol} label"), rows), ""]
     return lines, summaries
+
+
+def _v3_summary(protocol: str, cid: str, ours: str, verdict: str) -> Summary:
+    """The results index's row of claim ``cid`` (U1, U2, U3a, U3b) of a v3-rule protocol."""
+    claim = CLAIMS["U3" if cid.startswith("U3") else cid]
+    suffix = {"U3a": " (oscillation)", "U3b": " (range)"}.get(cid, "")
+    return Summary(f"{protocol}, {cid}: {claim[0]}{suffix}", claim[1], ours, verdict)
 
 
 SETTING_V1_TEXT = (
@@ -547,6 +573,13 @@ SETTING_V4_TEXT = (
     "check, every pick interior, and fresh seeds 40-59; *final* = rounds 365-400.\n")
 
 
+SETTING_V5_TEXT = (
+    "v4's cells, unchanged (UPGA-PL, UDMA-PL and lossless FedAvg; DMA-PL is not run), for the two claims v4 left "
+    "inconclusive, U2 and U3b, on fresh seeds 200-279: 80 seeds, planned for 80 % power from v4's variance with "
+    "room for smaller gaps (protocol v5, \"Seeds and power\"). The two claims are decided on Bonferroni intervals "
+    "over those two.\n")
+
+
 def write_report(records: list[dict], out: Path) -> list[Summary]:
     """``out/upgapl.md`` and ``out/upgapl/*.png`` from the records (every protocol version)."""
     name = "upgapl"
@@ -554,8 +587,8 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "# UPGA-PL under lossy uplinks (thesis ch. 4, Fig. 4.1)\n",
         "Generated by `python scripts/reproduce.py report` from the run records in "
         f"`records/{name}/`; do not edit. Protocols: [v1]({name}/protocol-v1.md), [v2]({name}/protocol-v2.md), "
-        f"[v3]({name}/protocol-v3.md) and [v4]({name}/protocol-v4.md) (each committed before its runs; each lists "
-        "the thesis's setting beside ours with every departure).\n",
+        f"[v3]({name}/protocol-v3.md), [v4]({name}/protocol-v4.md) and [v5]({name}/protocol-v5.md) (each committed "
+        "before its runs; each lists the thesis's setting beside ours with every departure).\n",
         "## Claims (quoted in the protocols)\n",
         markdown_table(("id", "claim", "paper"), [(k, c, p) for k, (c, p) in CLAIMS.items()]),
         "\nThe thesis shows these as curves (10 seeds) and states the gaps in its text; it gives no table.\n",
@@ -564,11 +597,12 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "Protocol v2: " + SETTING_V2_TEXT,
         "Protocol v3: " + SETTING_V3_TEXT,
         "Protocol v4: " + SETTING_V4_TEXT,
+        "Protocol v5: " + SETTING_V5_TEXT,
     ]
     summaries: list[Summary] = []
     rows, ruled_out = power_rows(records)
-    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2, "v3": SETTINGS_V3, "v4": SETTINGS_V4}
-    for protocol in ("v4", "v3", "v2", "v1"):
+    settings_of = {"v1": SETTINGS, "v2": SETTINGS_V2, "v3": SETTINGS_V3, "v4": SETTINGS_V4, "v5": SETTINGS_V4}
+    for protocol in ("v5", "v4", "v3", "v2", "v1"):
         recs = [r for r in records if r["protocol"] == protocol]
         seeds = SEEDS_BY_PROTOCOL[protocol]
         lines.append(f"## Results, protocol {protocol}\n")
@@ -578,7 +612,7 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
                       f"margin); a claim that needs more than the {len(seeds)} planned seeds is **not testable "
                       "here** (its estimate is still shown).\n",
                       markdown_table(_power.POWER_HEADER, rows), ""]
-        if protocol in ("v3", "v4"):
+        if protocol in V3_CLAIMS:
             if recs:
                 text, found = _v3_section(recs, protocol)
                 lines += text
@@ -589,7 +623,7 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
                 lines += [f"![test accuracy against rounds]({fig})\n", f"Compute: {compute_used(recs)}.\n"]
             else:
                 lines.append("No records yet: every claim is **pending**.\n")
-                summaries += [Summary(f"{protocol}, {k}: {c}", p, "–", "pending") for k, (c, p) in CLAIMS.items()]
+                summaries += [_v3_summary(protocol, cid, "–", "pending") for cid in V3_CLAIMS[protocol]]
             continue
         if not recs:
             lines.append("No records yet: every claim is **pending**.\n")
@@ -622,7 +656,7 @@ def write_report(records: list[dict], out: Path) -> list[Summary]:
         "a GPU session).\n",
         "## Reproduce\n",
         "```bash",
-        "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 40-59   # protocol v4's missing runs",
+        "OMP_NUM_THREADS=1 python scripts/reproduce.py run upgapl --seeds 200-279   # protocol v5's missing runs",
         "python scripts/reproduce.py report",
         "```\n",
         "## Provenance\n",
@@ -639,9 +673,9 @@ CANARY = Cell(CELLS_V3[0].setting, CELLS_V3[0].method, {**CELLS_V3[0].config, "r
 STUDY = _repo.study(
     name="upgapl",
     title="UPGA-PL (thesis ch. 4)",
-    protocol="v4",
-    seeds=SEEDS_BY_PROTOCOL["v4"],
-    cells=CELLS_V4,
+    protocol="v5",
+    seeds=SEEDS_BY_PROTOCOL["v5"],
+    cells=CELLS_V5,
     run=run_cell,
     report=write_report,
     threads=1,
