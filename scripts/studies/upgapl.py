@@ -488,6 +488,7 @@ def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list
     def get(d: dict, m: str) -> dict:
         return d.get(m, {})
 
+    # only the protocol's own claims enter its family (v5 runs no DMA-PL: U1 has no differences there)
     every = {"U1": lambda: pairs(get(finals, "UPGA-PL"), get(finals, "DMA-PL")),
              "U2": lambda: pairs(get(finals, "UPGA-PL"), get(finals, "FedAvg (lossless)")),
              "U3a": lambda: pairs(get(osc, "UDMA-PL"), get(osc, "UPGA-PL")),
