@@ -279,8 +279,6 @@ def test_v5_decides_u2_and_u3b_on_bonferroni_intervals_over_its_two_claims(tmp_p
         records += [_v3_record("UPGA-PL", seed, 0.90, protocol="v5"),
                     _v3_record("FedAvg (lossless)", seed, 0.93, protocol="v5"),
                     _v3_record("UDMA-PL", seed, 0.60 + (0.02 if seed % 2 else -0.02), swing=0.10, protocol="v5")]
-    for r in records:
-        r["protocol"] = "v5"
     summaries = {s.claim.split(":")[0]: s for s in upgapl.write_report(records, tmp_path)}
     page = (tmp_path / "upgapl.md").read_text()
     assert summaries["v5, U2"].verdict == "not reproduced" and summaries["v5, U3b"].verdict == "reproduced"

@@ -488,12 +488,12 @@ def _v3_section(recs: list[dict], protocol: str = "v3") -> tuple[list[str], list
     def get(d: dict, m: str) -> dict:
         return d.get(m, {})
 
+    every = {"U1": pairs(get(finals, "UPGA-PL"), get(finals, "DMA-PL")),
+             "U2": pairs(get(finals, "UPGA-PL"), get(finals, "FedAvg (lossless)")),
+             "U3a": pairs(get(osc, "UDMA-PL"), get(osc, "UPGA-PL")),
+             "U3b": [v - 0.6 for v in get(finals, "UDMA-PL").values()]}
     # only the protocol's own claims enter its family (v5 runs no DMA-PL: U1 has no differences there)
-    every = {"U1": lambda: pairs(get(finals, "UPGA-PL"), get(finals, "DMA-PL")),
-             "U2": lambda: pairs(get(finals, "UPGA-PL"), get(finals, "FedAvg (lossless)")),
-             "U3a": lambda: pairs(get(osc, "UDMA-PL"), get(osc, "UPGA-PL")),
-             "U3b": lambda: [v - 0.6 for v in get(finals, "UDMA-PL").values()]}
-    diffs = {cid: every[cid]() for cid in claim_ids}
+    diffs = {cid: every[cid] for cid in claim_ids}
     bonf = family_intervals(diffs, method="bonferroni")
     raw = family_intervals(diffs, method="none")
 
